@@ -1,0 +1,193 @@
+"""Shared HTTP plumbing for every ringseed server (master, agent): auth, errors, limits, metrics.
+
+Rules every endpoint follows:
+- Every request carries ``Authorization: Bearer <token>``; a missing or wrong token gets 401.
+  Paths in ``public_paths`` (health probes) are exempt.
+- Every error is JSON ``{"error": <short code>, "reason": <sentence a user can act on>}``.
+- Request bodies are capped (``max_body_bytes``); a bigger body gets 413 with a reason.
+- ``read_json`` parses a body into a dict and names the problem when it is not JSON or not an object.
+- ``/metrics`` is rendered from a :class:`Metrics` in the Prometheus text format.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+class HTTPProblem(web.HTTPException):
+    """An HTTP error whose body is JSON with a machine code and a human reason."""
+
+    def __init__(self, status: int, error: str, reason: str) -> None:
+        self.status_code = status
+        super().__init__(
+            text=json.dumps({"error": error, "reason": reason}),
+            content_type="application/json",
+        )
+
+
+def problem(status: int, error: str, reason: str) -> HTTPProblem:
+    """Build (not raise) a JSON HTTP error: ``raise web_problem(400, "bad_request", "...")``."""
+    return HTTPProblem(status, error, reason)
+
+
+def _bearer(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value:
+        return None
+    return value.strip()
+
+
+def token_ok(presented: str | None, expected: str) -> bool:
+    """Constant-time token comparison."""
+    if presented is None:
+        return False
+    return hmac.compare_digest(presented.encode(), expected.encode())
+
+
+def auth_middleware(token: str, *, public_paths: Iterable[str] = PUBLIC_PATHS) -> Any:
+    """Reject any request without the group's bearer token (401, JSON reason)."""
+    public = frozenset(public_paths)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in public and not token_ok(_bearer(request), token):
+            raise problem(401, "unauthorized", "missing or wrong bearer token for this group")
+        return await handler(request)
+
+    return middleware
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn every error into JSON with a reason; never let a handler's bug kill the server."""
+    try:
+        return await handler(request)
+    except HTTPProblem:
+        raise
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise _too_large(request) from exc
+    except web.HTTPException as exc:
+        if exc.status_code < 400:
+            raise
+        raise problem(exc.status_code, exc.reason.lower().replace(" ", "_"), exc.text or exc.reason) from exc
+    except Exception as exc:
+        log.exception("Handler failed for %s %s", request.method, request.path)
+        raise problem(500, "internal", f"internal error: {type(exc).__name__}") from exc
+
+
+def _too_large(request: web.Request) -> HTTPProblem:
+    limit = request.app._client_max_size
+    return problem(413, "body_too_large", f"request body exceeds the limit of {limit} bytes")
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """Read a JSON object body; 400 naming the problem when it is not one."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise _too_large(request) from exc
+    try:
+        body = json.loads(raw) if raw else None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise problem(400, "bad_json", f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise problem(400, "bad_body", "request body must be a JSON object")
+    return body
+
+
+def field_of(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], *, required: bool = True) -> Any:
+    """Return ``body[name]`` checked against ``kind``; 400 naming the field otherwise."""
+    if name not in body:
+        if required:
+            raise problem(400, "missing_field", f"field {name!r} is required")
+        return None
+    value = body[name]
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise problem(400, "bad_field", f"field {name!r} must be {_kind_name(kind)}, not a boolean")
+    if not isinstance(value, kind):
+        raise problem(400, "bad_field", f"field {name!r} must be {_kind_name(kind)}, got {type(value).__name__}")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(k.__name__ for k in kinds)
+
+
+def make_app(
+    *,
+    token: str,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    public_paths: Iterable[str] = PUBLIC_PATHS,
+) -> web.Application:
+    """An aiohttp application with ringseed's error, auth and body-limit rules, and /healthz."""
+    app = web.Application(
+        client_max_size=max_body_bytes,
+        middlewares=[error_middleware, auth_middleware(token, public_paths=public_paths)],
+    )
+    app.router.add_get("/healthz", _healthz)
+    return app
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+@dataclass
+class Metrics:
+    """A minimal Prometheus text-format registry: counters and gauges, optional labels."""
+
+    prefix: str = "ringseed"
+    _help: dict[str, tuple[str, str]] = field(default_factory=dict)
+    _values: dict[str, dict[tuple[tuple[str, str], ...], float]] = field(default_factory=dict)
+
+    def declare(self, name: str, kind: str, help_text: str) -> None:
+        self._help[name] = (kind, help_text)
+        self._values.setdefault(name, {})
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        self._values.setdefault(name, {})[tuple(sorted(labels.items()))] = float(value)
+
+    def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
+        series = self._values.setdefault(name, {})
+        key = tuple(sorted(labels.items()))
+        series[key] = series.get(key, 0.0) + amount
+
+    def render(self) -> str:
+        lines: list[str] = []
+        for name, series in sorted(self._values.items()):
+            full = f"{self.prefix}_{name}"
+            kind, help_text = self._help.get(name, ("gauge", name))
+            lines.append(f"# HELP {full} {help_text}")
+            lines.append(f"# TYPE {full} {kind}")
+            for labels, value in sorted(series.items()):
+                label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+                lines.append(f"{full}{{{label_text}}} {value:g}" if label_text else f"{full} {value:g}")
+        return "\n".join(lines) + "\n"
+
+    def handler(self, refresh: Callable[[], None] | None = None) -> Handler:
+        async def metrics(request: web.Request) -> web.StreamResponse:
+            if refresh is not None:
+                refresh()
+            return web.Response(text=self.render(), content_type="text/plain", charset="utf-8")
+
+        return metrics
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -1,0 +1,1 @@
+"""Multi-host testbed: network namespaces on a bridge with tc-limited links."""

@@ -1,0 +1,349 @@
+"""Tracker state: who holds which chunk, which hashes are known, who pulls from the origin.
+
+Owns the soft state of one distribution (the master's tracker role keeps one :class:`Tracker`;
+the simulator drives the same object). Pure: no I/O; time is the ``now`` argument (seconds,
+any monotonic origin); randomness is a ``random.Random`` argument.
+
+Rules:
+- Nodes register (name, peer URL, session id) and heartbeat. A node silent for more than
+  ``offline_after`` seconds is purged by :meth:`Tracker.purge`: its holdings stop counting,
+  its origin assignments are released and its origin duty moves to another online node.
+  A purged node that comes back re-registers; its record starts afresh from what it announces.
+- The layout is published once (PUT by the agent on origin duty, or any agent that holds a
+  manifest); the first wins and later ones must match, else :class:`Conflict`.
+- A chunk hash is learned from a published manifest, or from the node on origin duty that
+  pulled the chunk (it hashes what it pulls). A hash claim from any other node is refused;
+  a claim that differs from a known hash is refused. After a master restart (the tracker is
+  soft state) agents re-register with the chunks they verified and their hashes; unknown
+  hashes are then restored from those registrations (any registered token holder is trusted
+  that far), conflicting ones are refused.
+- A chunk counts as held only once its hash is known. Availability (for rarest first) counts
+  holders that are not penalised. A peer reported for serving bad bytes is penalised: it is
+  never handed out as a source again and never gets origin duty.
+- Origin duty goes to ``seeders`` online, unpenalised nodes (earliest registered first). A duty
+  holder claims chunks nobody holds; each such chunk is assigned to one holder at a time, so a
+  chunk is pulled from the origin once while a copy lives inside.
+- Peers for a chunk: online holders other than the asker, fewest active uploads first (the
+  load reported in heartbeats plus the hand-outs since), penalised peers excluded.
+- Completion is derived from availability: a node is complete when it holds every chunk, and
+  verified when it reported a materialised model whose manifest digest matches.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ringseed.protocol import choice, manifest, tracker_view
+
+
+class TrackerError(Exception):
+    """A refused request; ``code`` is a short machine name, the message a sentence."""
+
+    code = "tracker_error"
+
+
+class UnknownNode(TrackerError):
+    code = "unknown_node"
+
+
+class Conflict(TrackerError):
+    code = "conflict"
+
+
+class Forbidden(TrackerError):
+    code = "forbidden"
+
+
+@dataclass
+class NodeState:
+    """What the tracker knows of one registered node (mutable, owned by the tracker)."""
+
+    name: str
+    url: str
+    session: str
+    registered_at: float
+    last_seen: float
+    have: set[int] = field(default_factory=set)
+    have_bytes: int = 0
+    load: int = 0
+    handed: int = 0
+    origin_bytes: int = 0
+    fetched_bytes: int = 0
+    verified_digest: str | None = None
+    throughput: float = 0.0
+    sample: tuple[float, int] | None = None
+
+
+@dataclass(frozen=True)
+class HeartbeatReply:
+    """What a node learns from a heartbeat."""
+
+    origin_duty: bool
+    hashes: dict[int, str]
+    hash_cursor: int
+    availability: list[int] | None
+    avail_version: int
+    rejected: list[int]
+    layout_known: bool
+
+
+class Tracker:
+    """The tracker's soft state for one model."""
+
+    def __init__(self, *, epoch: str, offline_after: float, seeders: int = 1) -> None:
+        self.epoch = epoch
+        self.offline_after = offline_after
+        self.seeders = max(1, seeders)
+        self.layout: manifest.Layout | None = None
+        self.hashes: list[str | None] = []
+        self.hash_log: list[int] = []
+        self.holders: list[set[str]] = []
+        self.nodes: dict[str, NodeState] = {}
+        self.departed: dict[str, dict[str, Any]] = {}
+        self.duty: list[str] = []
+        self.assigned: dict[int, str] = {}
+        self.penalised: dict[str, set[str]] = {}
+        self.origin_bytes_gone = 0
+        self.avail_version = 0
+        self._avail: list[int] | None = None
+        self._digest: str | None = None
+
+    # -- layout and hashes -------------------------------------------------------------
+
+    def publish(self, *, node: str, layout: manifest.Layout, hashes: Sequence[str] | None, now: float) -> None:
+        """Set the layout (first wins, later must match) and, from a manifest, every hash."""
+        self._node(node, now)
+        self._set_layout(layout)
+        if hashes is None:
+            return
+        checked = manifest.Manifest(layout=layout, chunk_hashes=tuple(hashes)).chunk_hashes
+        clash = [i for i, h in enumerate(checked) if self.hashes[i] not in (None, h)]
+        if clash:
+            raise Conflict(f"manifest disagrees with known hashes of chunks {clash[:8]}")
+        for index, digest in enumerate(checked):
+            self._learn_hash(index, digest)
+
+    def _set_layout(self, layout: manifest.Layout) -> None:
+        if self.layout is not None:
+            if layout != self.layout:
+                raise Conflict("a different layout is already published for this model")
+            return
+        self.layout = layout
+        self.hashes = [None] * layout.chunk_count
+        self.holders = [set() for _ in range(layout.chunk_count)]
+        self._changed()
+
+    def _learn_hash(self, index: int, digest: str) -> None:
+        if self.hashes[index] is None:
+            self.hashes[index] = digest
+            self.hash_log.append(index)
+
+    def _claim_hash(self, *, node: str, index: int, digest: str, restoring: bool) -> bool:
+        known = self.hashes[index]
+        if known is not None:
+            return known == digest
+        if not (restoring or node in self.duty or self.assigned.get(index) == node):
+            return False
+        self._learn_hash(index, digest)
+        return True
+
+    @property
+    def digest(self) -> str | None:
+        """The manifest digest, once every chunk hash is known (computed once)."""
+        if self._digest is None and self.layout is not None and len(self.hash_log) == len(self.hashes):
+            hashes = tuple(h or "" for h in self.hashes)
+            self._digest = manifest.Manifest(layout=self.layout, chunk_hashes=hashes).digest
+        return self._digest
+
+    # -- membership --------------------------------------------------------------------
+
+    def register(
+        self,
+        *,
+        node: str,
+        url: str,
+        session: str,
+        now: float,
+        chunks: Mapping[int, str] | None = None,
+        layout: manifest.Layout | None = None,
+    ) -> list[int]:
+        """(Re-)register a node with the chunks it verified; returns the chunk indices refused."""
+        if layout is not None:
+            self._set_layout(layout)
+        old = self.nodes.get(node)
+        if old is not None:
+            self._drop(old, keep_counters=old.session == session)
+        self.departed.pop(node, None)
+        self.nodes[node] = NodeState(name=node, url=url, session=session, registered_at=now, last_seen=now)
+        if old is not None and old.session == session:
+            self.nodes[node].origin_bytes = old.origin_bytes
+        rejected = self._add_chunks(node, (chunks or {}).items(), restoring=True)
+        self._refresh_duty(now)
+        return rejected
+
+    def _node(self, name: str, now: float) -> NodeState:
+        state = self.nodes.get(name)
+        if state is None:
+            raise UnknownNode(f"node {name!r} is not registered (register again)")
+        state.last_seen = now
+        return state
+
+    def _add_chunks(self, node: str, items: Iterable[tuple[int, str | None]], *, restoring: bool) -> list[int]:
+        state = self.nodes[node]
+        rejected: list[int] = []
+        for index, digest in items:
+            if self.layout is None or not 0 <= index < len(self.hashes):
+                rejected.append(index)
+                continue
+            if digest is not None and not self._claim_hash(node=node, index=index, digest=digest, restoring=restoring):
+                rejected.append(index)
+                continue
+            if self.hashes[index] is None:
+                rejected.append(index)
+                continue
+            if index not in state.have:
+                state.have.add(index)
+                state.have_bytes += self.layout.chunk_length(index)
+                self.holders[index].add(node)
+                self.assigned.pop(index, None)
+                self._changed()
+        return rejected
+
+    def heartbeat(
+        self,
+        *,
+        node: str,
+        now: float,
+        load: int = 0,
+        counters: Mapping[str, int] | None = None,
+        chunks: Iterable[tuple[int, str | None]] = (),
+        verified_digest: str | None = None,
+        hash_cursor: int = 0,
+        epoch: str | None = None,
+        avail_version: int = -1,
+    ) -> HeartbeatReply:
+        """Record liveness, load, counters and new chunks; answer with duty, hashes, availability."""
+        state = self._node(node, now)
+        state.load, state.handed = max(0, load), 0
+        state.verified_digest = verified_digest
+        self._counters(state, counters or {}, now)
+        rejected = self._add_chunks(node, chunks, restoring=False)
+        self._refresh_duty(now)
+        cursor = hash_cursor if epoch == self.epoch and 0 <= hash_cursor <= len(self.hash_log) else 0
+        new = {i: self.hashes[i] or "" for i in self.hash_log[cursor:]}
+        avail = None if avail_version == self.avail_version and epoch == self.epoch else self.availability()
+        return HeartbeatReply(
+            origin_duty=node in self.duty,
+            hashes=new,
+            hash_cursor=len(self.hash_log),
+            availability=avail,
+            avail_version=self.avail_version,
+            rejected=rejected,
+            layout_known=self.layout is not None,
+        )
+
+    def _counters(self, state: NodeState, counters: Mapping[str, int], now: float) -> None:
+        state.origin_bytes = max(state.origin_bytes, int(counters.get("origin_bytes", state.origin_bytes)))
+        fetched = int(counters.get("fetched_bytes", state.fetched_bytes))
+        if state.sample is not None and now > state.sample[0]:
+            rate = max(0, fetched - state.sample[1]) / (now - state.sample[0])
+            state.throughput = 0.5 * state.throughput + 0.5 * rate
+        state.sample = (now, fetched)
+        state.fetched_bytes = fetched
+
+    def purge(self, *, now: float) -> list[str]:
+        """Drop nodes silent for longer than ``offline_after``; returns their names."""
+        gone = [n for n, s in self.nodes.items() if now - s.last_seen > self.offline_after]
+        for name in gone:
+            state = self.nodes.pop(name)
+            self.departed[name] = tracker_view.node_entry(self, state, online=False)
+            self._drop(state, keep_counters=False)
+        if gone:
+            self._refresh_duty(now)
+        return gone
+
+    def _drop(self, state: NodeState, *, keep_counters: bool) -> None:
+        for index in state.have:
+            self.holders[index].discard(state.name)
+        if state.have:
+            self._changed()
+        state.have = set()
+        self.assigned = {i: n for i, n in self.assigned.items() if n != state.name}
+        if state.name in self.duty:
+            self.duty.remove(state.name)
+        if not keep_counters:
+            self.origin_bytes_gone += state.origin_bytes
+
+    def _online(self, state: NodeState, now: float) -> bool:
+        return now - state.last_seen <= self.offline_after and state.name not in self.penalised
+
+    def _refresh_duty(self, now: float) -> None:
+        self.duty = [n for n in self.duty if n in self.nodes and self._online(self.nodes[n], now)]
+        if len(self.duty) >= self.seeders:
+            return
+        candidates = sorted(
+            (s for s in self.nodes.values() if s.name not in self.duty and self._online(s, now)),
+            key=lambda s: (s.registered_at, s.name),
+        )
+        for state in candidates[: self.seeders - len(self.duty)]:
+            self.duty.append(state.name)
+
+    # -- origin, peers, penalties --------------------------------------------------------
+
+    def claim_origin(self, *, node: str, count: int, now: float) -> list[int]:
+        """Chunks ``node`` (on origin duty) should pull: its open assignments, topped up to ``count``."""
+        self._node(node, now)
+        self._refresh_duty(now)
+        if node not in self.duty:
+            raise Forbidden(f"node {node!r} does not hold origin duty")
+        if self.layout is None:
+            return []
+        avail = self.availability()
+        mine = [i for i, n in sorted(self.assigned.items()) if n == node]
+        for index in range(len(avail)):
+            if len(mine) >= count:
+                break
+            if avail[index] == 0 and index not in self.assigned:
+                self.assigned[index] = node
+                mine.append(index)
+        return mine[:count]
+
+    def peers(self, *, chunk: int, node: str, now: float, rng: random.Random, limit: int = 4) -> list[choice.Holder]:
+        """Online, unpenalised holders of ``chunk`` other than ``node``, least loaded first."""
+        if not 0 <= chunk < len(self.holders):
+            raise TrackerError(f"chunk {chunk} is out of range")
+        holders = (self.nodes[n] for n in self.holders[chunk] if n != node)
+        candidates = [
+            choice.Holder(name=s.name, url=s.url, load=s.load + s.handed) for s in holders if self._online(s, now)
+        ]
+        chosen = choice.least_loaded(candidates, rng=rng)[:limit]
+        if chosen:
+            self.nodes[chosen[0].name].handed += 1
+        return chosen
+
+    def report(self, *, reporter: str, peer: str, chunk: int, now: float) -> None:
+        """``reporter`` got bytes from ``peer`` for ``chunk`` that failed verification."""
+        self._node(reporter, now)
+        if peer == reporter:
+            raise TrackerError("a node cannot report itself")
+        self.penalised.setdefault(peer, set()).add(reporter)
+        self._changed()
+        self._refresh_duty(now)
+
+    def availability(self) -> list[int]:
+        """Unpenalised holders per chunk (cached until holdings change)."""
+        if self._avail is None:
+            bad = self.penalised
+            self._avail = [sum(1 for n in h if n not in bad) if bad else len(h) for h in self.holders]
+        return self._avail
+
+    def _changed(self) -> None:
+        self._avail = None
+        self.avail_version += 1
+
+    def status(self, *, now: float) -> dict[str, Any]:
+        """The master's ``/v1/status`` body (tracker role), see docs/contracts.md."""
+        return tracker_view.status(self, now=now)

@@ -1,0 +1,121 @@
+"""Tracker policy without sockets: rarest first inputs, least loaded, purge, origin duty, completion."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ringseed.protocol import manifest, tracker
+
+MiB = 1 << 20
+H = "ab" * 32
+
+
+def layout(chunks: int = 4) -> manifest.Layout:
+    return manifest.Layout.build([("a.bin", chunks * MiB - 7, 0o644)], chunk_size=MiB)
+
+
+def swarm(nodes: int = 3, *, seeders: int = 1, offline_after: float = 10.0) -> tracker.Tracker:
+    t = tracker.Tracker(epoch="e1", offline_after=offline_after, seeders=seeders)
+    for i in range(nodes):
+        t.register(node=f"n{i}", url=f"http://n{i}", session=f"s{i}", now=float(i) * 0.01)
+    t.publish(node="n0", layout=layout(), hashes=None, now=0.1)
+    return t
+
+
+def test_first_registered_gets_duty_and_its_hashes_are_accepted() -> None:
+    t = swarm()
+    reply = t.heartbeat(node="n0", now=1.0, chunks=[(0, H)])
+    assert reply.origin_duty and reply.rejected == []
+    assert t.availability()[0] == 1
+    assert t.heartbeat(node="n1", now=1.0).hashes == {0: H}
+
+
+def test_hash_claim_from_non_duty_node_is_refused() -> None:
+    t = swarm()
+    reply = t.heartbeat(node="n1", now=1.0, chunks=[(1, "cd" * 32)])
+    assert reply.rejected == [1] and not reply.origin_duty
+    assert t.hashes[1] is None and t.availability()[1] == 0
+
+
+def test_conflicting_layout_and_hash_are_refused() -> None:
+    t = swarm()
+    other = manifest.Layout.build([("b.bin", 3 * MiB, 0o644)], chunk_size=MiB)
+    with pytest.raises(tracker.Conflict):
+        t.publish(node="n1", layout=other, hashes=None, now=1.0)
+    t.publish(node="n1", layout=layout(), hashes=None, now=1.0)  # same layout: fine
+    t.heartbeat(node="n0", now=1.0, chunks=[(0, H)])
+    assert t.heartbeat(node="n0", now=1.1, chunks=[(0, "cd" * 32)]).rejected == [0]
+
+
+def test_origin_claims_give_each_unheld_chunk_once() -> None:
+    t = swarm(seeders=2)
+    first = t.claim_origin(node="n0", count=2, now=1.0)
+    second = t.claim_origin(node="n1", count=2, now=1.0)
+    assert first == [0, 1] and second == [2, 3]
+    assert t.claim_origin(node="n0", count=2, now=1.1) == [0, 1]  # open assignments repeated
+    with pytest.raises(tracker.Forbidden):
+        t.claim_origin(node="n2", count=1, now=1.0)
+
+
+def test_duty_and_assignments_move_when_holder_goes_silent() -> None:
+    t = swarm(offline_after=10.0)
+    assert t.claim_origin(node="n0", count=2, now=1.0) == [0, 1]
+    t.heartbeat(node="n0", now=2.0, chunks=[(0, H)])
+    for name in ("n1", "n2"):
+        t.heartbeat(node=name, now=11.0)
+    assert t.purge(now=12.5) == ["n0"]
+    assert t.duty == ["n1"]
+    assert t.availability()[0] == 0  # the only copy died with n0
+    assert t.claim_origin(node="n1", count=4, now=12.6) == [0, 1, 2, 3]
+    assert t.status(now=12.6)["nodes"]["n0"]["online"] is False
+
+
+def test_peers_are_least_loaded_online_and_unpenalised() -> None:
+    t = swarm(nodes=4)
+    t.heartbeat(node="n0", now=1.0, chunks=[(0, H)])
+    t.heartbeat(node="n1", now=1.0, chunks=[(0, None)], load=3)
+    t.heartbeat(node="n2", now=1.0, chunks=[(0, None)], load=1)
+    rng = random.Random(1)
+    assert [p.name for p in t.peers(chunk=0, node="n3", now=1.0, rng=rng)] == ["n0", "n2", "n1"]
+    # each hand-out counts as load until the next heartbeat, so the next askers spread out
+    firsts = {t.peers(chunk=0, node="n3", now=1.0, rng=rng)[0].name for _ in range(2)}
+    assert firsts == {"n0", "n2"}
+    t.report(reporter="n3", peer="n2", chunk=0, now=1.1)
+    assert "n2" not in [p.name for p in t.peers(chunk=0, node="n3", now=1.2, rng=rng)]
+    assert t.availability()[0] == 2
+
+
+def test_completion_and_verification_come_from_holdings_and_digest() -> None:
+    t = swarm(nodes=2)
+    t.heartbeat(node="n0", now=1.0, chunks=[(i, f"{i:02x}" * 32) for i in range(4)])
+    t.heartbeat(node="n1", now=1.0, chunks=[(i, None) for i in range(3)])
+    status = t.status(now=1.0)
+    assert status["nodes"]["n0"]["complete"] and not status["nodes"]["n1"]["complete"]
+    digest = status["manifest_digest"]
+    assert digest is not None and status["nodes_ready"] == 0
+    t.heartbeat(node="n0", now=1.1, verified_digest=digest)
+    assert t.status(now=1.1)["nodes_ready"] == 1
+
+
+def test_reregistration_after_restart_restores_hashes_and_holdings() -> None:
+    t = tracker.Tracker(epoch="e2", offline_after=10.0)
+    t.register(node="n1", url="u", session="s", now=0.0, layout=layout(), chunks={2: H})
+    assert t.hashes[2] == H and t.availability()[2] == 1
+    reply = t.heartbeat(node="n1", now=0.5, hash_cursor=7, epoch="old")
+    assert reply.hashes == {2: H}  # a new epoch resets the cursor
+
+
+def test_heartbeat_from_unknown_node_asks_to_register() -> None:
+    t = swarm()
+    with pytest.raises(tracker.UnknownNode):
+        t.heartbeat(node="ghost", now=1.0)
+
+
+def test_origin_bytes_survive_purge() -> None:
+    t = swarm(offline_after=1.0)
+    t.heartbeat(node="n0", now=0.5, counters={"origin_bytes": 1000})
+    t.heartbeat(node="n1", now=5.0)
+    t.purge(now=5.0)
+    assert t.status(now=5.0)["bytes_from_origin"] == 1000

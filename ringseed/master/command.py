@@ -1,0 +1,68 @@
+"""``ringseed master``: run the master in its tracker (distribution) or coordinator (training) role.
+
+Owns the master's command line (docs/contracts.md, "Command lines the operator builds"). The
+coordinator role's module is imported only for ``--role coordinator``. The token comes from
+``--token-file`` or ``RINGSEED_TOKEN`` (the file wins); a master without a token refuses to start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--role", choices=("tracker", "coordinator"), required=True)
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
+    parser.add_argument("--port", type=int, default=8470)
+    parser.add_argument("--token-file", help="file holding the group's bearer token (else RINGSEED_TOKEN)")
+    parser.add_argument("--offline-after", type=float, default=10.0, help="seconds of silence before a node is purged")
+    parser.add_argument("--heartbeat-interval", type=float, default=2.0, help="seconds between heartbeats")
+    parser.add_argument("--heartbeat-timeout", type=float, default=10.0, help="coordinator: seconds to lose a peer")
+    parser.add_argument("--seeders", type=int, default=1, help="tracker: agents on origin duty at once")
+    parser.add_argument("--min-peers", type=int, default=1, help="coordinator: peers needed to start")
+    parser.add_argument(
+        "--optimize-topology",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="coordinator: optimise ring order",
+    )
+
+
+def read_token(token_file: str | None) -> str | None:
+    """The group token from a file (stripped) or ``RINGSEED_TOKEN``."""
+    if token_file:
+        with open(token_file, encoding="utf-8") as f:
+            return f.read().strip() or None
+    return os.environ.get("RINGSEED_TOKEN") or None
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiohttp import web as aioweb
+
+    token = read_token(args.token_file)
+    if token is None:
+        print("ringseed master: no token (use --token-file or RINGSEED_TOKEN)", file=sys.stderr)
+        return 2
+    if args.role == "tracker":
+        from ringseed.master import tracker
+
+        app = tracker.create_app(
+            token=token,
+            offline_after=args.offline_after,
+            heartbeat_interval=args.heartbeat_interval,
+            seeders=args.seeders,
+        )
+    else:
+        from ringseed.master import coordinator  # type: ignore[attr-defined,unused-ignore]
+
+        app = coordinator.create_app(
+            token=token,
+            heartbeat_interval=args.heartbeat_interval,
+            heartbeat_timeout=args.heartbeat_timeout,
+            optimize_topology=args.optimize_topology,
+            min_peers=args.min_peers,
+        )
+    aioweb.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+    return 0

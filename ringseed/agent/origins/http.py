@@ -1,0 +1,98 @@
+"""The ``http(s)://`` origin: a file set served by any web server that honours ``Range``.
+
+Rules:
+- A URL ending in ``/`` is a directory: its files are listed by ``<url>index.json``
+  (``{"files": [{"path": "a/b.bin", "size": 123, "mode": 420}]}``, ``mode`` optional, default
+  0o644) and read from ``<url><percent-encoded path>``.
+- A URL not ending in ``/`` is a single file named by its (decoded) basename; its size comes
+  from HEAD.
+- Reads are ranged GETs with retries and resume (see ``httpclient``).
+- A bearer token, if given as ``RINGSEED_HTTP_TOKEN`` in ``secret_env`` or the environment, is
+  sent as ``Authorization: Bearer``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
+
+from ringseed.agent.origins import base, httpclient
+from ringseed.protocol import manifest
+
+INDEX_NAME = "index.json"
+TOKEN_ENV = "RINGSEED_HTTP_TOKEN"
+_INDEX_LIMIT = 64 << 20
+
+
+def _index_entry(uri: str, i: int, item: Any) -> tuple[str, int, int]:
+    if not isinstance(item, dict):
+        raise base.OriginError(f"{uri}{INDEX_NAME}: files[{i}] is not an object")
+    path, size, mode = item.get("path"), item.get("size"), item.get("mode", 0o644)
+    try:
+        manifest.validate_relpath(path)  # type: ignore[arg-type]
+    except manifest.ManifestError as exc:
+        raise base.OriginError(f"{uri}{INDEX_NAME}: files[{i}]: {exc}") from exc
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise base.OriginError(f"{uri}{INDEX_NAME}: files[{i}] ({path!r}) needs a non-negative integer size")
+    if isinstance(mode, bool) or not isinstance(mode, int):
+        raise base.OriginError(f"{uri}{INDEX_NAME}: files[{i}] ({path!r}) has a non-integer mode")
+    return str(path), size, mode & 0o777
+
+
+def parse_index(uri: str, body: bytes) -> list[tuple[str, int, int]]:
+    """Entries of a directory's ``index.json``; OriginError naming the problem."""
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise base.OriginError(f"{uri}{INDEX_NAME}: not valid JSON: {exc}") from exc
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(files, list):
+        raise base.OriginError(f'{uri}{INDEX_NAME}: expected {{"files": [{{"path", "size", "mode"}}, ...]}}')
+    return [_index_entry(uri, i, item) for i, item in enumerate(files)]
+
+
+class HTTPOrigin(httpclient.HTTPClient):
+    """A directory (``index.json``) or a single file over HTTP(S)."""
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        limiter: base.RateLimiter,
+        policy: base.RetryPolicy,
+        read_timeout: float = 60.0,
+        secret_env: Mapping[str, str] | None = None,
+    ) -> None:
+        token = (secret_env or {}).get(TOKEN_ENV) or os.environ.get(TOKEN_ENV)
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        super().__init__(uri=uri, limiter=limiter, policy=policy, read_timeout=read_timeout, headers=headers)
+        self._is_dir = uri.endswith("/")
+        self._name = unquote(urlsplit(uri).path.rsplit("/", 1)[-1])
+        if not self._is_dir and not self._name:
+            raise base.OriginError(f"{uri}: a single-file URL needs a file name")
+
+    async def list_files(self) -> list[tuple[str, int, int]]:
+        if self._is_dir:
+            body = await self.get_small(self.uri + INDEX_NAME, limit=_INDEX_LIMIT)
+            return parse_index(self.uri, body)
+        return [(self._name, await self.head_size(self.uri), 0o644)]
+
+    def url_of(self, path: str) -> str:
+        """The URL that serves ``path`` of this file set."""
+        if not self._is_dir:
+            if path != self._name:
+                raise base.OriginError(f"{self.uri}: no file {path!r} in this one-file source")
+            return self.uri
+        try:
+            manifest.validate_relpath(path)
+        except manifest.ManifestError as exc:
+            raise base.OriginError(f"{self.uri}: {exc}") from exc
+        return self.uri + quote(path, safe="/")
+
+    async def read(self, path: str, offset: int, length: int) -> bytes:
+        if length == 0:
+            return b""
+        return await self.get_range(self.url_of(path), offset=offset, length=length)

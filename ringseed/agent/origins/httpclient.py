@@ -1,0 +1,186 @@
+"""HTTP plumbing shared by the ``http(s)://`` and ``s3://`` origins: ranged GETs that survive faults.
+
+Rules:
+- Every request may be signed (S3) by an async ``sign(method, url, headers) -> headers`` hook,
+  called again for each attempt. URLs are sent exactly as given (already percent-encoded).
+- Transient (retried with :class:`~ringseed.agent.origins.base.RetryPolicy` backoff): HTTP 5xx,
+  408, 429 (``Retry-After`` honoured up to the policy's max delay), connection refused or reset,
+  timeouts, and bodies that end early. Permanent (:class:`OriginError` naming URL and status):
+  any other 4xx, a server that ignores ``Range`` for an offset > 0, a ``Content-Range`` that does
+  not match the request, a file shorter than the range asked for.
+- A range read resumes from the last byte received: a reset after 3 MiB of 4 asks only for the
+  missing 1 MiB. A retry that made progress does not use up the retry budget.
+- ``bytes_read`` counts file data actually received by range reads (partial attempts included;
+  listings and HEADs are not counted). ``retries`` counts retried attempts. Data passes the
+  origin's rate limiter as it arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import aiohttp
+from yarl import URL
+
+from ringseed.agent.origins import base
+
+Signer = Callable[[str, str, dict[str, str]], Awaitable[dict[str, str]]]
+T = TypeVar("T")
+
+_STEP = 256 << 10
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+_TRANSIENT_EXC = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError, ConnectionError)
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+async def check_status(resp: aiohttp.ClientResponse, url: str) -> None:
+    """Raise TransientError or OriginError for an error status; return for 2xx."""
+    if resp.status < 300:
+        return
+    if resp.status in (408, 429) or resp.status >= 500:
+        raise base.TransientError(
+            f"{url}: HTTP {resp.status} {resp.reason}", retry_after=_retry_after(resp.headers.get("Retry-After"))
+        )
+    snippet = (await resp.content.read(300)).decode("utf-8", "replace").strip()
+    detail = f": {snippet}" if snippet else ""
+    raise base.OriginError(f"{url}: HTTP {resp.status} {resp.reason}{detail}")
+
+
+def check_content_range(value: str | None, *, url: str, start: int, end: int) -> None:
+    """A 206 must cover ``[start, ...)`` within ``[start, end)``; a shorter file is permanent."""
+    match = _CONTENT_RANGE.match(value or "")
+    if match is None:
+        raise base.OriginError(f"{url}: 206 response with unusable Content-Range {value!r}")
+    first, last, total = int(match.group(1)), int(match.group(2)), match.group(3)
+    if first != start or last < first or last >= end:
+        raise base.OriginError(f"{url}: asked for bytes {start}-{end - 1}, server sent {value!r}")
+    if last < end - 1 and total != "*" and int(total) <= last + 1:
+        raise base.OriginError(f"{url}: file has {total} bytes, the read needs {end}")
+
+
+class HTTPClient:
+    """An aiohttp session with retries, resume and a rate limit; the base of HTTP-speaking origins."""
+
+    def __init__(
+        self,
+        *,
+        uri: str,
+        limiter: base.RateLimiter,
+        policy: base.RetryPolicy,
+        read_timeout: float = 60.0,
+        headers: dict[str, str] | None = None,
+        sign: Signer | None = None,
+    ) -> None:
+        self.uri = uri
+        self.bytes_read = 0
+        self.retries = 0
+        self._limiter = limiter
+        self._policy = policy
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(read_timeout, 30.0), sock_read=read_timeout)
+        self._headers = {"Accept-Encoding": "identity", **(headers or {})}
+        self._sign = sign
+        self._session: aiohttp.ClientSession | None = None
+
+    @contextlib.asynccontextmanager
+    async def request(self, method: str, url: str, headers: dict[str, str] | None = None) -> AsyncIterator[
+        aiohttp.ClientResponse
+    ]:
+        """One signed request, URL sent as given."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout, auto_decompress=False)
+        all_headers = {**self._headers, **(headers or {})}
+        if self._sign is not None:
+            all_headers = await self._sign(method, url, all_headers)
+        async with self._session.request(method, URL(url, encoded=True), headers=all_headers) as resp:
+            yield resp
+
+    async def _wait(self, failures: int, exc: BaseException, url: str) -> None:
+        if failures > self._policy.retries:
+            raise base.OriginError(f"{url}: gave up after {self._policy.retries} retries: {exc}") from exc
+        self.retries += 1
+        retry_after = exc.retry_after if isinstance(exc, base.TransientError) else None
+        await asyncio.sleep(self._policy.delay(failures, retry_after=retry_after))
+
+    async def with_retries(self, url: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Run one-shot ``attempt`` until it succeeds, retrying transient failures."""
+        failures = 0
+        while True:
+            try:
+                return await attempt()
+            except (base.TransientError, *_TRANSIENT_EXC) as exc:
+                failures += 1
+                await self._wait(failures, exc, url)
+
+    async def get_small(self, url: str, *, limit: int) -> bytes:
+        """GET a whole small body (an index, a listing, a manifest) with retries."""
+
+        async def attempt() -> bytes:
+            async with self.request("GET", url) as resp:
+                await check_status(resp, url)
+                body = await resp.content.read(limit + 1)
+                if len(body) > limit:
+                    raise base.OriginError(f"{url}: body larger than {limit} bytes")
+                return body
+
+        return await self.with_retries(url, attempt)
+
+    async def head_size(self, url: str) -> int:
+        """The size of one file by HEAD (Content-Length), with retries."""
+
+        async def attempt() -> int:
+            async with self.request("HEAD", url) as resp:
+                await check_status(resp, url)
+                length = resp.headers.get("Content-Length")
+                if length is None or not length.isdigit():
+                    raise base.OriginError(f"{url}: HEAD gave no usable Content-Length ({length!r})")
+                return int(length)
+
+        return await self.with_retries(url, attempt)
+
+    async def get_range(self, url: str, *, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes from ``offset``, resuming after partial failures."""
+        buf = bytearray()
+        failures = 0
+        while len(buf) < length:
+            before = len(buf)
+            try:
+                await self._range_attempt(url, start=offset + before, end=offset + length, buf=buf)
+                if len(buf) < length:
+                    raise base.TransientError(f"{url}: body ended after {len(buf) - before} of {length - before} bytes")
+            except (base.TransientError, *_TRANSIENT_EXC) as exc:
+                failures = 1 if len(buf) > before else failures + 1
+                await self._wait(failures, exc, url)
+        return bytes(buf)
+
+    async def _range_attempt(self, url: str, *, start: int, end: int, buf: bytearray) -> None:
+        async with self.request("GET", url, {"Range": f"bytes={start}-{end - 1}"}) as resp:
+            await check_status(resp, url)
+            if resp.status == 206:
+                check_content_range(resp.headers.get("Content-Range"), url=url, start=start, end=end)
+            elif resp.status != 200 or start != 0:
+                raise base.OriginError(f"{url}: server answered {resp.status} to a Range request (Range is required)")
+            want = end - start
+            got = 0
+            async for data in resp.content.iter_chunked(_STEP):
+                take = min(len(data), want - got)
+                buf += data[:take]
+                got += take
+                self.bytes_read += len(data)
+                await self._limiter.acquire(len(data))
+                if got >= want:
+                    break
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

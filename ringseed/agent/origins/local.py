@@ -1,0 +1,118 @@
+"""The ``file://`` origin: a directory tree or a single file on a local path or PVC.
+
+Rules:
+- ``file:///abs/dir`` (or a bare path) lists every regular file under the directory, with
+  ``/``-separated relative names; ``file:///abs/file`` is a one-file source named by its basename.
+- Symlinks: a one-file source may itself be a link (the user named it). In a directory, a link
+  whose target resolves inside the root is followed, and the target's content is recorded under
+  the link's name (both names appear when both are in the tree). A link that leaves the root, a
+  dangling link, a link to a directory and anything that is not a regular file (fifo, socket,
+  device) is rejected with :class:`OriginError` naming the path. Directory links are rejected
+  because following them can loop or duplicate whole trees.
+- Modes keep the permission bits (``st_mode & 0o777``) of the file (the link's target).
+- Reads run in a worker thread (``os.pread``) and pass through the origin's rate limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from ringseed.agent.origins import base
+from ringseed.protocol import manifest
+
+_READ_STEP = 4 << 20
+
+
+def path_of(uri: str) -> Path:
+    """The local path of ``file:///x`` or a bare path."""
+    if uri.startswith("file:"):
+        parts = urlsplit(uri)
+        if parts.netloc not in ("", "localhost"):
+            raise base.OriginError(f"{uri}: file:// must name a local path (file:///path), not host {parts.netloc!r}")
+        return Path(unquote(parts.path))
+    return Path(uri)
+
+
+class FileOrigin:
+    """Reads files below a local root (a directory) or one file."""
+
+    def __init__(self, uri: str, *, limiter: base.RateLimiter) -> None:
+        self.uri = uri
+        self.bytes_read = 0
+        self._limiter = limiter
+        self._given = path_of(uri)
+        self._single = self._given.is_file()
+        self._root = (self._given.parent if self._single else self._given).resolve()
+
+    async def list_files(self) -> list[tuple[str, int, int]]:
+        return await asyncio.to_thread(self._list_sync)
+
+    def _list_sync(self) -> list[tuple[str, int, int]]:
+        if not self._given.exists() and not self._given.is_symlink():
+            raise base.OriginError(f"{self.uri}: no such file or directory")
+        if self._single:
+            target = self._check(self._given, self._given.name)
+            st = target.stat()
+            return [(self._given.name, st.st_size, stat.S_IMODE(st.st_mode) & 0o777)]
+        if not self._given.is_dir():
+            raise base.OriginError(f"{self.uri}: is neither a regular file nor a directory")
+        out: list[tuple[str, int, int]] = []
+        for dirpath, dirnames, filenames in os.walk(self._given, followlinks=False):
+            for name in sorted(dirnames):
+                if os.path.islink(os.path.join(dirpath, name)):
+                    rel = os.path.relpath(os.path.join(dirpath, name), self._given).replace(os.sep, "/")
+                    raise base.OriginError(f"{self.uri}: {rel!r} is a symlink to a directory (not followed)")
+            for name in filenames:
+                full = Path(dirpath, name)
+                rel = full.relative_to(self._given).as_posix()
+                st = self._check(full, rel).stat()
+                out.append((rel, st.st_size, stat.S_IMODE(st.st_mode) & 0o777))
+        return out
+
+    def _check(self, full: Path, rel: str) -> Path:
+        """The resolved regular file behind ``full``, or OriginError naming ``rel``."""
+        target = full.resolve()
+        if not self._single and not target.is_relative_to(self._root):
+            raise base.OriginError(f"{self.uri}: {rel!r} is a symlink leaving the source root (to {str(target)!r})")
+        if not target.exists():
+            raise base.OriginError(f"{self.uri}: {rel!r} is a dangling symlink")
+        if not target.is_file():
+            raise base.OriginError(f"{self.uri}: {rel!r} is not a regular file")
+        return target
+
+    def _resolve(self, path: str) -> Path:
+        manifest.validate_relpath(path)
+        if self._single:
+            if path != self._given.name:
+                raise base.OriginError(f"{self.uri}: no file {path!r} in this one-file source")
+            return self._check(self._given, path)
+        return self._check(self._given / path, path)
+
+    async def read(self, path: str, offset: int, length: int) -> bytes:
+        try:
+            target = self._resolve(path)
+        except manifest.ManifestError as exc:
+            raise base.OriginError(f"{self.uri}: {exc}") from exc
+        out = bytearray()
+        fd = await asyncio.to_thread(os.open, target, os.O_RDONLY)
+        try:
+            while len(out) < length:
+                step = min(_READ_STEP, length - len(out))
+                data = await asyncio.to_thread(os.pread, fd, step, offset + len(out))
+                if not data:
+                    raise base.OriginError(
+                        f"{self.uri}: {path!r} ended at {offset + len(out)} bytes, needed {offset + length}"
+                    )
+                self.bytes_read += len(data)
+                out += data
+                await self._limiter.acquire(len(data))
+        finally:
+            os.close(fd)
+        return bytes(out)
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,312 @@
+"""The ring engine: one peer's data plane for all-reduce, broadcast, all-gather and reduce-scatter.
+
+What this module owns
+- A listener for ring and probe connections, and ``connections_per_peer`` outgoing TCP
+  connections to the ring successor plus as many incoming from the predecessor, all proven
+  by the group token and stamped with the ring ``epoch`` (see ``protocol/frames.py``).
+- An op queue: collectives run one at a time, in the order they were submitted, on a
+  dedicated thread; ``*_async`` methods return a ``concurrent.futures.Future`` so several
+  operations can be in flight. Every frame carries the op's ``tag``, so peers that submit
+  operations in a different order fail loudly instead of mixing data.
+
+Numerics (see ``ops.py``): every peer ends bit-identical; integer SUM/PROD wrap; AVG is for
+floating dtypes; quantised transfer (``"int8"``, ``"fp16"``, ``"bf16"``) only for floating dtypes.
+
+Fault-tolerance contract
+- A neighbour that dies, closes, stalls longer than ``io_timeout`` (mid-frame or between
+  frames), sends a malformed or unexpected frame, or an ``abort(reason)`` from any thread:
+  the in-flight operation raises :class:`CollectiveAborted` with the reason, every ring link
+  is shut down, and all queued operations fail the same way. The caller's array may be
+  partly modified; the caller restores it (``Communicator`` does) and then calls
+  :meth:`RingEngine.set_ring` with a new epoch, which reconnects and clears the abort.
+- Connections carrying an older epoch than the engine's are refused at the handshake, so a
+  straggler from a previous ring can never feed frames into a new one.
+- This engine gives no fault tolerance by itself (no retry, no membership): that is the
+  control part's job (``communicator.py``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ringseed.collective import ops, quantize, runner, schedule, transport
+from ringseed.protocol import frames
+
+log = logging.getLogger(__name__)
+ReduceOp = ops.ReduceOp
+
+
+class CollectiveAborted(Exception):
+    """The operation was aborted; the array may be partly modified and must be restored by the caller."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerAddress:
+    peer_id: str
+    host: str
+    port: int
+
+
+class RingEngine:
+    """One peer of a ring; thread-safe; blocking methods wrap the ``*_async`` ones."""
+
+    def __init__(self, *, peer_id: str, token: str, host: str = "127.0.0.1", port: int = 0,
+                 connections_per_peer: int = 1, io_timeout: float = 30.0) -> None:
+        if connections_per_peer < 1:
+            raise ValueError("connections_per_peer must be at least 1")
+        self.peer_id = peer_id
+        self._token = token
+        self._host, self._port = host, port
+        self._channels = connections_per_peer
+        self._io_timeout = io_timeout
+        self._lock = threading.Condition()
+        self._epoch = -1
+        self._incoming: dict[tuple[str, int, int], socket.socket] = {}
+        self._outs: list[socket.socket] = []
+        self._ins: list[socket.socket] = []
+        self._ring: tuple[PeerAddress, ...] = ()
+        self._rank = 0
+        self._abort: str | None = None
+        self._listener: transport.Listener | None = None
+        self._queue = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"ringseed-op-{peer_id}")
+        self._io = concurrent.futures.ThreadPoolExecutor(2 * connections_per_peer,
+                                                         thread_name_prefix=f"ringseed-io-{peer_id}")
+
+    # ----- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> PeerAddress:
+        """Bind and accept in the background; returns the address other peers dial."""
+        self._listener = transport.Listener(host=self._host, port=self._port, token=self._token,
+                                            io_timeout=self._io_timeout, on_ring=self._on_ring)
+        self._listener.start()
+        return PeerAddress(peer_id=self.peer_id, host=self._host, port=self._listener.port)
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return max(1, len(self._ring))
+
+    @property
+    def rejected_connections(self) -> int:
+        return self._listener.rejected if self._listener else 0
+
+    def set_ring(self, ring: Sequence[PeerAddress], *, epoch: int, timeout: float = 30.0) -> None:
+        """Adopt ``ring`` (rank order) under ``epoch``: reconnect both neighbours, clear a previous abort."""
+        ids = [p.peer_id for p in ring]
+        if self.peer_id not in ids or len(set(ids)) != len(ids):
+            raise ValueError(f"ring must list {self.peer_id!r} once and have unique peer ids, got {ids}")
+        with self._lock:
+            if epoch <= self._epoch:
+                raise ValueError(f"epoch {epoch} is not newer than the current epoch {self._epoch}")
+            self._epoch = epoch
+            self._drop_links()
+            self._incoming = {k: s for k, s in self._incoming.items() if k[1] >= epoch or _close(s)}
+            self._ring, self._rank, self._abort = tuple(ring), ids.index(self.peer_id), None
+        if len(ring) > 1:
+            self._connect(timeout=timeout)
+
+    def abort(self, reason: str) -> None:
+        """Thread-safe: the in-flight and queued operations raise CollectiveAborted(reason) promptly."""
+        self._stop(reason, quiet=False)
+
+    def _stop(self, reason: str, *, quiet: bool) -> None:
+        with self._lock:
+            if self._abort is None:
+                self._abort = reason
+                if not quiet:
+                    log.warning("Aborted collective on %s: %s", self.peer_id, reason)
+            for sock in self._outs + self._ins:
+                transport.wake(sock)
+            self._lock.notify_all()
+
+    def close(self) -> None:
+        self._stop("engine closed", quiet=True)
+        if self._listener is not None:
+            self._listener.close()
+        self._queue.shutdown(wait=True, cancel_futures=True)
+        self._io.shutdown(wait=True)
+        with self._lock:
+            self._drop_links()
+            for sock in self._incoming.values():
+                sock.close()
+            self._incoming.clear()
+
+    # ----- collectives -----------------------------------------------------------------------
+
+    def all_reduce(self, array: np.ndarray, *, op: ops.ReduceOp, tag: int, quantize: str | None = None,
+                   bfloat16: bool = False, reducer: runner.Reducer | None = None) -> None:
+        """In place on a 1-D C-contiguous array; every peer ends bit-identical."""
+        self.all_reduce_async(array, op=op, tag=tag, quantize=quantize, bfloat16=bfloat16,
+                              reducer=reducer).result()
+
+    def all_reduce_async(self, array: np.ndarray, *, op: ops.ReduceOp, tag: int, quantize: str | None = None,
+                         bfloat16: bool = False, reducer: runner.Reducer | None = None
+                         ) -> concurrent.futures.Future[None]:
+        dtype = _check_array(array, bfloat16=bfloat16)
+        ops.check_op(op, dtype)
+        if quantize is not None:
+            _check_quantize(quantize, dtype)
+
+        def plan(rank: int, world: int) -> schedule.Plan:
+            seg = schedule.segment_elems(length=len(array), world=world, itemsize=array.itemsize)
+            return schedule.all_reduce(length=len(array), rank=rank, world=world, seg_elems=seg)
+        return self._submit(plan, array=array, dtype=dtype, op=op, tag=tag, quantize=quantize, reducer=reducer)
+
+    def reduce_scatter(self, array: np.ndarray, out: np.ndarray, *, op: ops.ReduceOp, tag: int,
+                       bfloat16: bool = False) -> None:
+        """``array`` (world * n elements) is reduced and block ``rank`` is written to ``out`` (n elements).
+
+        ``array`` is used as scratch space and is left partly reduced."""
+        dtype = _check_array(array, bfloat16=bfloat16)
+        ops.check_op(op, dtype)
+        if len(array) != len(out) * self.world_size:
+            raise ValueError(f"reduce_scatter needs len(array) == world * len(out), got {len(array)}, {len(out)}")
+
+        def plan(rank: int, world: int) -> schedule.Plan:
+            seg = schedule.segment_elems(length=len(array), world=world, itemsize=array.itemsize)
+            return schedule.reduce_scatter(length=len(array), rank=rank, world=world, seg_elems=seg)
+        self._submit(plan, array=array, dtype=dtype, op=op, tag=tag, quantize=None, reducer=None).result()
+        out[...] = array[self.rank * len(out):(self.rank + 1) * len(out)]
+
+    def broadcast(self, array: np.ndarray, *, root: int, tag: int, bfloat16: bool = False) -> None:
+        self.broadcast_async(array, root=root, tag=tag, bfloat16=bfloat16).result()
+
+    def broadcast_async(self, array: np.ndarray, *, root: int, tag: int, bfloat16: bool = False
+                        ) -> concurrent.futures.Future[None]:
+        dtype = _check_array(array, bfloat16=bfloat16)
+        if not 0 <= root < self.world_size:
+            raise ValueError(f"root {root} is outside the ring of {self.world_size}")
+
+        def plan(rank: int, world: int) -> schedule.Plan:
+            seg = schedule.segment_elems(length=len(array), world=1, itemsize=array.itemsize)
+            return schedule.broadcast(length=len(array), rank=rank, world=world, root=root, seg_elems=seg)
+        return self._submit(plan, array=array, dtype=dtype, op=ops.ReduceOp.SUM, tag=tag, quantize=None,
+                            reducer=None)
+
+    def all_gather(self, array: np.ndarray, out: np.ndarray, *, tag: int, bfloat16: bool = False) -> None:
+        self.all_gather_async(array, out, tag=tag, bfloat16=bfloat16).result()
+
+    def all_gather_async(self, array: np.ndarray, out: np.ndarray, *, tag: int, bfloat16: bool = False
+                         ) -> concurrent.futures.Future[None]:
+        """``out`` (world * len(array), same dtype) receives every rank's ``array`` in rank order."""
+        dtype = _check_array(array, bfloat16=bfloat16)
+        if _check_array(out, bfloat16=bfloat16) is not dtype or len(out) != len(array) * self.world_size:
+            raise ValueError(f"all_gather needs out of {len(array) * self.world_size} elements of {array.dtype}")
+        block = len(array)
+
+        def plan(rank: int, world: int) -> schedule.Plan:
+            out[rank * block:(rank + 1) * block] = array
+            seg = schedule.segment_elems(length=block, world=1, itemsize=array.itemsize)
+            return schedule.all_gather(block=block, rank=rank, world=world, seg_elems=seg)
+        return self._submit(plan, array=out, dtype=dtype, op=ops.ReduceOp.SUM, tag=tag, quantize=None, reducer=None)
+
+    def barrier(self, *, tag: int) -> None:
+        """Returns once every peer has entered the barrier (a one-element all-reduce)."""
+        self.all_reduce(np.zeros(1, np.int32), op=ops.ReduceOp.SUM, tag=tag)
+
+    def measure_bandwidth(self, targets: Sequence[PeerAddress], *, nbytes: int = 8 << 20) -> dict[str, float]:
+        """peer_id -> bytes/s, by sending ``nbytes`` to each target's listener; failures are left out."""
+        result: dict[str, float] = {}
+        for target in targets:
+            try:
+                sock = transport.dial(host=target.host, port=target.port, token=self._token, peer_id=self.peer_id,
+                                      epoch=0, purpose=frames.Purpose.PROBE, channel=0, io_timeout=self._io_timeout)
+                with sock:
+                    result[target.peer_id] = transport.probe(sock=sock, nbytes=min(nbytes, frames.MAX_FRAME_BYTES))
+            except (OSError, frames.FrameError) as exc:
+                log.warning("Could not measure bandwidth to %s: %s", target.peer_id, exc)
+        return result
+
+    # ----- internals -------------------------------------------------------------------------
+
+    def _submit(self, plan: Callable[[int, int], schedule.Plan], *, array: np.ndarray, dtype: frames.DType,
+                op: ops.ReduceOp, tag: int, quantize: str | None, reducer: runner.Reducer | None
+                ) -> concurrent.futures.Future[None]:
+        def execute() -> None:
+            with self._lock:
+                if self._abort is not None:
+                    raise CollectiveAborted(self._abort)
+                outs, ins, rank, world = list(self._outs), list(self._ins), self._rank, self.world_size
+            job = runner.Job(plan=plan(rank, world), array=array, dtype=dtype, op=op, tag=tag, world=world,
+                             quantize=quantize, reducer=reducer or runner.NumpyReducer(array, dtype))
+            if world == 1:
+                return
+            try:
+                runner.run(job, outs=outs, ins=ins, pool=self._io, fail=self.abort)
+            except runner.Failed as exc:
+                raise CollectiveAborted(self._abort or str(exc)) from None
+        return self._queue.submit(execute)
+
+    def _on_ring(self, hello: frames.Hello, sock: socket.socket) -> str | None:
+        with self._lock:
+            if hello.epoch < self._epoch:
+                return f"stale epoch {hello.epoch}, current is {self._epoch}"
+            if hello.channel >= self._channels:
+                return f"channel {hello.channel} out of range (connections_per_peer={self._channels})"
+            old = self._incoming.pop((hello.peer_id, hello.epoch, hello.channel), None)
+            if old is not None:
+                old.close()
+            self._incoming[(hello.peer_id, hello.epoch, hello.channel)] = sock
+            self._lock.notify_all()
+        return None
+
+    def _connect(self, *, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        nxt = self._ring[(self._rank + 1) % len(self._ring)]
+        prev = self._ring[(self._rank - 1) % len(self._ring)]
+        outs = [self._dial(nxt, channel=c, deadline=deadline) for c in range(self._channels)]
+        with self._lock:
+            keys = [(prev.peer_id, self._epoch, c) for c in range(self._channels)]
+            while not all(k in self._incoming for k in keys):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    for s in outs:
+                        s.close()
+                    raise CollectiveAborted(f"{prev.peer_id!r} did not connect in {timeout} s (epoch {self._epoch})")
+                self._lock.wait(min(left, 0.5))
+            self._outs, self._ins = outs, [self._incoming.pop(k) for k in keys]
+
+    def _dial(self, peer: PeerAddress, *, channel: int, deadline: float) -> socket.socket:
+        while True:
+            try:
+                return transport.dial(host=peer.host, port=peer.port, token=self._token, peer_id=self.peer_id,
+                                      epoch=self._epoch, purpose=frames.Purpose.RING, channel=channel,
+                                      io_timeout=self._io_timeout)
+            except frames.FrameError as exc:
+                raise CollectiveAborted(f"handshake with {peer.peer_id!r} failed: {exc}") from exc
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise CollectiveAborted(f"could not connect to {peer.peer_id!r}: {exc}") from exc
+                time.sleep(0.05)
+
+    def _drop_links(self) -> None:
+        for sock in self._outs + self._ins:
+            transport.wake(sock)
+            sock.close()
+        self._outs, self._ins = [], []
+
+
+def _check_array(array: np.ndarray, *, bfloat16: bool) -> frames.DType:
+    if array.ndim != 1 or not array.flags.c_contiguous or not array.flags.writeable:
+        raise ValueError("the engine works on writeable 1-D C-contiguous arrays")
+    return ops.wire_dtype(array, bfloat16=bfloat16)
+
+
+def _check_quantize(mode: str, dtype: frames.DType) -> None:
+    quantize.check_mode(mode, dtype)
+
+
+def _close(sock: socket.socket) -> bool:
+    sock.close()
+    return False

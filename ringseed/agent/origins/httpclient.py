@@ -127,10 +127,15 @@ class HTTPClient:
         async def attempt() -> bytes:
             async with self.request("GET", url) as resp:
                 await check_status(resp, url)
-                body = await resp.content.read(limit + 1)
-                if len(body) > limit:
-                    raise base.OriginError(f"{url}: body larger than {limit} bytes")
-                return body
+                body = bytearray()
+                async for data in resp.content.iter_chunked(_STEP):
+                    body += data
+                    if len(body) > limit:
+                        raise base.OriginError(f"{url}: body larger than {limit} bytes")
+                expected = resp.headers.get("Content-Length")
+                if expected is not None and expected.isdigit() and int(expected) != len(body):
+                    raise base.TransientError(f"{url}: body ended after {len(body)} of {expected} bytes")
+                return bytes(body)
 
         return await self.with_retries(url, attempt)
 

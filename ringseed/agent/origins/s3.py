@@ -78,6 +78,8 @@ def parse_list_page(uri: str, body: bytes) -> tuple[list[tuple[str, int]], str |
 class S3Origin(httpclient.HTTPClient):
     """Objects under a prefix (or one object) in an S3-compatible store."""
 
+    list_page_size = 1000  # ListObjectsV2 max-keys; tests lower it to exercise pagination
+
     def __init__(
         self,
         uri: str,
@@ -157,7 +159,12 @@ class S3Origin(httpclient.HTTPClient):
         objects: list[tuple[str, int]] = []
         token: str | None = None
         while True:
-            params = {"list-type": "2", "prefix": self._dir_prefix, "encoding-type": "url"}
+            params = {
+                "list-type": "2",
+                "prefix": self._dir_prefix,
+                "encoding-type": "url",
+                "max-keys": str(self.list_page_size),
+            }
             if token:
                 params["continuation-token"] = token
             query = urlencode(sorted(params.items()), quote_via=quote, safe="-_.~")

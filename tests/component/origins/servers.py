@@ -1,0 +1,242 @@
+"""Reusable test servers for origins, on 127.0.0.1 only.
+
+- :class:`FlakyHTTPOrigin` serves a directory over HTTP the way an origin web server would:
+  ``GET/HEAD /<path>`` with ``Range`` (206 + ``Content-Range``), and ``/index.json`` generated
+  from the directory (``{"files": [{"path", "size", "mode"}]}``) unless the directory has one.
+  A fault script (``faults``, a FIFO of :class:`Fault`) is consumed one fault per GET of file data
+  (HEAD and ``index.json`` are spared unless ``fault_index=True``). ``requests`` logs every
+  request as ``(method, path, range header)``; ``injected`` lists the faults used; ``bytes_sent``
+  counts body bytes written.
+
+  Use it as an async context manager (``async with FlakyHTTPOrigin(root) as srv: srv.url``) in
+  async tests, or ``with srv.in_thread() as url:`` to run it on its own loop in a background
+  thread (for sync tests or subprocesses). ``srv.url`` ends with ``/``: pass it straight to
+  ``origins.open_origin`` as a directory source; ``srv.url + "a.bin"`` is a one-file source.
+
+- :func:`moto_s3` runs a moto S3 server on a free loopback port and yields its endpoint URL;
+  :func:`s3_env` gives the environment (endpoint, dummy keys, region) an S3 origin needs;
+  :func:`put_objects` creates a bucket and uploads ``{key: bytes}`` with boto3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import enum
+import json
+import os
+import socket
+import stat
+import struct
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+
+class Fault(enum.Enum):
+    """One misbehaviour of the origin server, applied to one GET."""
+
+    ERROR_500 = "500"  # 500 Internal Server Error, no data
+    ERROR_503 = "503"  # 503 with Retry-After: 0
+    TOO_MANY = "429"  # 429 Too Many Requests with Retry-After: 0
+    RESET = "reset"  # headers and half the body, then a TCP reset
+    TRUNCATE = "truncate"  # full Content-Length promised, half the body sent, connection closed
+    SHORT_RANGE = "short"  # an honest 206 that covers only the first half of the asked range
+
+
+def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """``[start, end)`` of a single ``bytes=a-b`` / ``bytes=a-`` range, or None for the whole file."""
+    if not header or not header.startswith("bytes="):
+        return None
+    first, _, last = header[len("bytes=") :].partition("-")
+    start = int(first)
+    end = min(int(last) + 1, size) if last else size
+    return start, end
+
+
+def _index_of(root: Path) -> bytes:
+    files = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        st = path.stat()
+        files.append({"path": path.relative_to(root).as_posix(), "size": st.st_size, "mode": stat.S_IMODE(st.st_mode)})
+    return json.dumps({"files": files}).encode()
+
+
+class FlakyHTTPOrigin:
+    """An HTTP file server over ``root`` that misbehaves on cue (see module docstring)."""
+
+    def __init__(self, root: Path, *, faults: Iterable[Fault] = (), fault_index: bool = False) -> None:
+        self.root = Path(root)
+        self.faults: collections.deque[Fault] = collections.deque(faults)
+        self.fault_index = fault_index
+        self.requests: list[tuple[str, str, str | None]] = []
+        self.injected: list[Fault] = []
+        self.bytes_sent = 0
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    def add_faults(self, *faults: Fault) -> None:
+        self.faults.extend(faults)
+
+    async def __aenter__(self) -> FlakyHTTPOrigin:
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", self._handle)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}/"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @contextlib.contextmanager
+    def in_thread(self) -> Iterator[str]:
+        """Run the server on its own event loop in a daemon thread; yields the base URL."""
+        loop = asyncio.new_event_loop()
+        started = threading.Event()
+        stop = asyncio.Event()
+
+        async def main() -> None:
+            async with self:
+                started.set()
+                await stop.wait()
+
+        thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+        thread.start()
+        try:
+            if not started.wait(30):
+                raise RuntimeError("FlakyHTTPOrigin did not start within 30 s")
+            yield self.url
+        finally:
+            loop.call_soon_threadsafe(stop.set)
+            thread.join(30)
+            loop.close()
+
+    def _file(self, rel: str) -> Path | None:
+        full = (self.root / rel).resolve()
+        if not full.is_relative_to(self.root.resolve()) or not full.is_file():
+            return None
+        return full
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        rel = request.match_info["path"]
+        self.requests.append((request.method, rel, request.headers.get("Range")))
+        if request.method not in ("GET", "HEAD"):
+            return web.Response(status=405)
+        full = self._file(rel)
+        if full is not None:
+            body = full.read_bytes()
+        elif rel == "index.json":
+            body = _index_of(self.root)
+        else:
+            return web.Response(status=404, text=f"no such file: {rel}")
+        fault_applies = request.method == "GET" and (rel != "index.json" or self.fault_index)
+        fault = self.faults.popleft() if fault_applies and self.faults else None
+        if fault is not None:
+            self.injected.append(fault)
+        return await self._respond(request, body, fault)
+
+    async def _respond(self, request: web.Request, body: bytes, fault: Fault | None) -> web.StreamResponse:
+        if fault in (Fault.ERROR_500, Fault.ERROR_503, Fault.TOO_MANY):
+            status = int(fault.value) if fault is not None else 500
+            return web.Response(status=status, text="injected fault", headers={"Retry-After": "0"})
+        span = _parse_range(request.headers.get("Range"), len(body))
+        start, end = span if span is not None else (0, len(body))
+        if start >= len(body) and len(body) > 0:
+            return web.Response(status=416, headers={"Content-Range": f"bytes */{len(body)}"})
+        if fault is Fault.SHORT_RANGE:
+            end = start + max(1, (end - start) // 2)
+        headers = {"Accept-Ranges": "bytes", "Content-Length": str(end - start)}
+        status = 200
+        if span is not None:
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(body)}"
+        resp = web.StreamResponse(status=status, headers=headers)
+        await resp.prepare(request)
+        if request.method == "HEAD":
+            return resp
+        data = body[start:end]
+        if fault in (Fault.RESET, Fault.TRUNCATE):
+            return await self._break(request, resp, data[: len(data) // 2], reset=fault is Fault.RESET)
+        await resp.write(data)
+        self.bytes_sent += len(data)
+        await resp.write_eof()
+        return resp
+
+    async def _break(
+        self, request: web.Request, resp: web.StreamResponse, part: bytes, *, reset: bool
+    ) -> web.StreamResponse:
+        await resp.write(part)
+        self.bytes_sent += len(part)
+        transport = request.transport
+        if transport is not None:
+            sock: socket.socket | None = transport.get_extra_info("socket")
+            if reset and sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            transport.abort() if reset else transport.close()
+        return resp
+
+
+@contextlib.contextmanager
+def moto_s3() -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 and a free port; yields ``http://127.0.0.1:PORT``."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def s3_env(endpoint: str, *, key: str = "testing", secret: str = "testing") -> dict[str, str]:
+    """The environment an S3 origin (and boto3) needs to talk to ``endpoint``."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": key,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_REGION": "us-east-1",
+    }
+
+
+def boto3_client(endpoint: str, service: str = "s3", *, key: str = "testing", secret: str = "testing") -> Any:
+    """A boto3 client for the moto server (dummy credentials unless given)."""
+    import boto3
+
+    return boto3.client(
+        service,
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
+    )
+
+
+def put_objects(endpoint: str, bucket: str, objects: Mapping[str, bytes]) -> None:
+    """Create ``bucket`` (if needed) on the moto server and upload ``{key: data}``."""
+    client = boto3_client(endpoint)
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+        client.create_bucket(Bucket=bucket)
+    for key, data in objects.items():
+        client.put_object(Bucket=bucket, Key=key, Body=data)
+
+
+def write_tree(root: Path, files: Mapping[str, bytes], *, modes: Mapping[str, int] | None = None) -> Path:
+    """Write ``{relative path: data}`` under ``root`` (with optional modes); returns ``root``."""
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        os.chmod(path, (modes or {}).get(rel, 0o644))
+    return root

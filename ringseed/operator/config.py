@@ -1,0 +1,144 @@
+"""The operator's configuration: images, node paths, resources and defaults for what it builds.
+
+Owns :class:`OperatorConfig` and how it is read from the environment the Helm chart sets
+(``charts/ringseed/templates/operator-configmap.yaml``). Reading the environment is the only
+I/O here, and only in :meth:`OperatorConfig.from_env` when no mapping is passed.
+
+Environment variables (all optional; the default is in brackets):
+
+- ``RINGSEED_IMAGE`` [``ghcr.io/ringseed/ringseed:<version>``]: image of masters, agents, the
+  cleanup DaemonSet and the workers' runtime init container.
+- ``RINGSEED_IMAGE_PULL_POLICY`` [``IfNotPresent``]: Always, IfNotPresent or Never.
+- ``RINGSEED_IMAGE_PULL_SECRETS`` [empty]: comma-separated Secret names, given to ringseed's pods.
+- ``RINGSEED_DATA_ROOT`` [``/var/lib/ringseed``]: the only node directory agents may use
+  (models under ``<root>/models``, caches under ``<root>/cache``; ``cache.ssdPath`` must lie under it).
+- ``RINGSEED_MASTER_RESOURCES`` / ``RINGSEED_AGENT_RESOURCES`` [small requests, a memory limit]:
+  a JSON ResourceRequirements object (``{"requests": {...}, "limits": {...}}``).
+- ``RINGSEED_AGENT_MEMORY_BYTES`` [``1Gi``]: agents' memory tier when ``cache.memoryBytes`` is unset.
+- ``RINGSEED_HEARTBEAT_SECONDS`` [2] and ``RINGSEED_OFFLINE_AFTER_SECONDS`` [10]: masters'
+  ``--heartbeat-interval`` and ``--offline-after`` unless a TrainingGroup's ``collective`` sets them.
+- ``RINGSEED_STATUS_INTERVAL_SECONDS`` [5]: how often the operator reads masters' status.
+- ``RINGSEED_SERVICE_ACCOUNT`` [empty: the namespace's default]: ServiceAccount of masters and
+  agents; they never call the Kubernetes API, so its token is not mounted either way.
+- ``RINGSEED_WATCH_NAMESPACES`` [empty: all]: comma-separated namespaces the operator watches.
+
+Rules: a malformed value raises ``ValueError`` naming the variable; the config is a frozen value
+passed explicitly to builders (no globals).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import ringseed
+from ringseed.api import constants, quantity
+
+DEFAULT_MASTER_RESOURCES: dict[str, Any] = {
+    "requests": {"cpu": "100m", "memory": "128Mi"},
+    "limits": {"memory": "512Mi"},
+}
+DEFAULT_AGENT_RESOURCES: dict[str, Any] = {
+    "requests": {"cpu": "500m", "memory": "1536Mi"},
+    "limits": {"memory": "4Gi"},
+}
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    image: str = f"ghcr.io/ringseed/ringseed:{ringseed.__version__}"
+    image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = ()
+    data_root: str = constants.DEFAULT_DATA_ROOT
+    master_resources: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(DEFAULT_MASTER_RESOURCES))
+    agent_resources: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(DEFAULT_AGENT_RESOURCES))
+    agent_memory_bytes: int = 1 << 30
+    heartbeat_seconds: int = 2
+    offline_after_seconds: int = 10
+    status_interval_seconds: float = 5.0
+    service_account: str = ""
+    watch_namespaces: tuple[str, ...] = ()
+
+    @property
+    def models_root(self) -> str:
+        return f"{self.data_root}/models"
+
+    @property
+    def cache_root(self) -> str:
+        return f"{self.data_root}/cache"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        """The configuration from ``env`` (default: ``os.environ``); unset variables keep their defaults."""
+        source = os.environ if env is None else env
+        kwargs: dict[str, Any] = {}
+        for variable, (name, convert) in _VARIABLES.items():
+            text = source.get(variable, "").strip()
+            if not text:
+                continue
+            try:
+                kwargs[name] = convert(text)
+            except ValueError as exc:
+                raise ValueError(f"{variable}={text!r}: {exc}") from None
+        return cls(**kwargs)
+
+
+def _pull_policy(text: str) -> str:
+    if text not in PULL_POLICIES:
+        raise ValueError(f"must be one of {', '.join(PULL_POLICIES)}")
+    return text
+
+
+def _data_root(text: str) -> str:
+    if not text.startswith("/") or ".." in text.split("/") or text.rstrip("/") == "":
+        raise ValueError("must be an absolute directory other than / and without '..'")
+    return text.rstrip("/")
+
+
+def _resources(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict) or set(value) - {"requests", "limits"}:
+        raise ValueError('must be a JSON object with "requests" and/or "limits"')
+    return value
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError("must be a positive number")
+    return value
+
+
+_VARIABLES: dict[str, tuple[str, Any]] = {
+    "RINGSEED_IMAGE": ("image", str),
+    "RINGSEED_IMAGE_PULL_POLICY": ("image_pull_policy", _pull_policy),
+    "RINGSEED_IMAGE_PULL_SECRETS": ("image_pull_secrets", _names),
+    "RINGSEED_DATA_ROOT": ("data_root", _data_root),
+    "RINGSEED_MASTER_RESOURCES": ("master_resources", _resources),
+    "RINGSEED_AGENT_RESOURCES": ("agent_resources", _resources),
+    "RINGSEED_AGENT_MEMORY_BYTES": ("agent_memory_bytes", quantity.parse_bytes),
+    "RINGSEED_HEARTBEAT_SECONDS": ("heartbeat_seconds", _positive_int),
+    "RINGSEED_OFFLINE_AFTER_SECONDS": ("offline_after_seconds", _positive_int),
+    "RINGSEED_STATUS_INTERVAL_SECONDS": ("status_interval_seconds", _positive_float),
+    "RINGSEED_SERVICE_ACCOUNT": ("service_account", str),
+    "RINGSEED_WATCH_NAMESPACES": ("watch_namespaces", _names),
+}

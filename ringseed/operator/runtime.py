@@ -1,0 +1,182 @@
+"""What the running operator shares between handlers, and the steps both custom resources use.
+
+Owns :class:`Runtime` (config, API client, master reader, caches; handed to kopf as ``memo``) and
+the common steps of a reconcile: parse-or-fail, make the token Secret once, apply children,
+write status, post phase Events, delete children. Rules:
+- Handlers are safe to run twice: every step reads first and writes only what differs.
+- An invalid spec writes its condition (phase Failed, InvalidSpec naming field and problem), posts
+  one Warning Event, then raises ``kopf.PermanentError``: no crash loop, no retries.
+- The status is written here and by the timers only, always as a merge patch to ``/status``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import kopf
+
+from ringseed.api import constants, validation
+from ringseed.operator import builders, kube, masters, status
+from ringseed.operator import config as config_module
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+CHILD_KINDS = (("apps/v1", "Deployment", "master"), ("v1", "Service", "master"))
+
+
+@dataclass
+class Runtime:
+    """The operator's shared state; one per process (kopf's memo holds it)."""
+
+    config: config_module.OperatorConfig
+    login: Callable[[], kopf.ConnectionInfo]  # credentials of kopf and of ``kube`` alike
+    kube: kube.Client
+    reader: masters.Reader
+    locator: masters.Locator
+    degraded_after: float = 60.0  # seconds a master may be silent after answering before Degraded
+    cleanup_timeout: float = 300.0  # seconds the cleanup DaemonSet may take before it is removed anyway
+    silence: masters.Silence = field(default_factory=masters.Silence)
+    tokens: dict[tuple[str, str], str] = field(default_factory=dict)
+    labelled: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        config: config_module.OperatorConfig,
+        login: Callable[[], kopf.ConnectionInfo],
+        locator: masters.Locator,
+        degraded_after: float,
+        cleanup_timeout: float,
+    ) -> Runtime:
+        return cls(
+            config=config,
+            login=login,
+            kube=kube.Client(login=login),
+            locator=locator,
+            reader=masters.Reader(timeout=min(3.0, config.status_interval_seconds)),
+            degraded_after=degraded_after,
+            cleanup_timeout=cleanup_timeout,
+        )
+
+    async def close(self) -> None:
+        await self.reader.close()
+        await self.kube.close()
+
+
+def now_text() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def monotonic() -> float:
+    return time.monotonic()
+
+
+def ident(body: Mapping[str, Any]) -> tuple[str, str]:
+    meta = body["metadata"]
+    return str(meta.get("namespace") or "default"), str(meta["name"])
+
+
+async def parse_or_fail(rt: Runtime, *, body: Mapping[str, Any], parse: Callable[[], T]) -> T:
+    """The parsed spec; on :class:`SpecError` write Failed + InvalidSpec, post a Warning, give up."""
+    try:
+        return parse()
+    except validation.SpecError as exc:
+        previous = body.get("status") or {}
+        new = status.invalid_status(
+            field=exc.field, problem=exc.problem, generation=generation_of(body), previous=previous, now=now_text()
+        )
+        await write_status(rt, body=body, new=new)
+        raise kopf.PermanentError(f"Invalid spec: {exc.field}: {exc.problem}") from exc
+
+
+def generation_of(body: Mapping[str, Any]) -> int | None:
+    value = body.get("metadata", {}).get("generation")
+    return None if value is None else int(value)
+
+
+def changed(previous: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    return any(previous.get(key) != value for key, value in new.items())
+
+
+async def write_status(rt: Runtime, *, body: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Patch the status when it differs; post an Event when the phase changed. True if patched."""
+    previous = body.get("status") or {}
+    if not changed(previous, new):
+        return False
+    namespace, name = ident(body)
+    alive = await kube.patch_status(
+        rt.kube, api_version=body["apiVersion"], kind=body["kind"], namespace=namespace, name=name, status=new
+    )
+    event = status.phase_event(previous=previous, current=new)
+    if alive and event is not None:
+        type_, reason, message = event
+        try:
+            await kube.post_event(rt.kube, involved=body, reason=reason, message=message, type_=type_)
+        except kube.ApiError as exc:  # an Event is a courtesy; the status already says it
+            log.warning("Could not post Event about %s %s/%s: %s", body["kind"], namespace, name, exc)
+    return alive
+
+
+async def token_of(rt: Runtime, *, namespace: str, name: str) -> str | None:
+    """The group token from Secret ``<name>-token`` (cached once read)."""
+    key = (namespace, name)
+    if key not in rt.tokens:
+        token = await kube.read_secret_key(rt.kube, namespace=namespace, name=f"{name}-token", key=constants.TOKEN_KEY)
+        if token is None:
+            return None
+        rt.tokens[key] = token
+    return rt.tokens[key]
+
+
+async def apply_children(
+    rt: Runtime,
+    *,
+    body: Mapping[str, Any],
+    children: Sequence[Mapping[str, Any]],
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> None:
+    """The token Secret (made once, never rotated by a spec change), then all children at once."""
+    secret = builders.token_secret(body=body, token=secrets.token_urlsafe(32))
+    outcomes = await asyncio.gather(
+        kube.apply(rt.kube, obj=secret, once=True),
+        *(kube.apply(rt.kube, obj=child) for child in children),
+    )
+    for obj, outcome in zip([secret, *children], outcomes, strict=True):
+        if outcome is not kube.Applied.UNCHANGED:
+            logger.info("%s %s %s", outcome.value, obj["kind"], obj["metadata"]["name"])
+
+
+async def delete_children(rt: Runtime, *, body: Mapping[str, Any], workload: tuple[str, str, str]) -> None:
+    """Delete what ownerReferences would make the garbage collector delete (explicit: it may not run)."""
+    namespace, name = ident(body)
+    kinds = [*CHILD_KINDS, workload, ("v1", "Secret", "token")]
+    await asyncio.gather(
+        *(
+            rt.kube.delete(api_version=api_version, kind=kind, namespace=namespace, name=f"{name}-{suffix}")
+            for api_version, kind, suffix in kinds
+        )
+    )
+    rt.tokens.pop((namespace, name), None)
+    rt.silence.forget((body["kind"], namespace, name))
+
+
+async def read_master(rt: Runtime, *, body: Mapping[str, Any]) -> status.Reach:
+    """Ask the resource's master for ``/v1/status``; remember when it last answered."""
+    namespace, name = ident(body)
+    key = (str(body["kind"]), namespace, name)
+    url = rt.locator.url(namespace=namespace, name=name)
+    try:
+        token = await token_of(rt, namespace=namespace, name=name)
+        report = await rt.reader.status(url=url, token=token)
+    except masters.MasterError as exc:
+        return status.Reach(report=None, unreachable_for=rt.silence.silent_for(key, now=monotonic()), error=str(exc))
+    rt.silence.answered(key, now=monotonic())
+    return status.Reach(report=report)

@@ -1,0 +1,288 @@
+"""What a custom resource's status says, computed from what its master reported. Pure: no I/O, no clock.
+
+Owns the phase rules, the conditions (types and searchable reasons from ``ringseed.api.conditions``),
+the figures shown by ``kubectl get`` (percent, throughput, ETA) and the detection of phase changes
+that deserve a Kubernetes Event. Rules:
+- The master's ``/v1/status`` JSON (docs/contracts.md, "Master status") is the only input about
+  the live state; ``None`` means the master did not answer. Time comes in as ``now`` (an RFC 3339
+  string) and ``unreachable_for`` (seconds).
+- ModelDistribution: Pending (master not reachable yet / no nodes), Downloading (nodes_ready == 0),
+  Distributing, Complete (nodes_ready == nodes_total > 0), Degraded (nodes_failed > 0, or the
+  master unreachable for ``degraded_after`` seconds after having answered), Failed (invalid spec).
+- TrainingGroup: WaitingForModel, Starting (peers < minPeers), Running, Degraded (peers fell below
+  minPeers after running, or the coordinator unreachable long after having answered), Failed.
+- A condition keeps its ``lastTransitionTime`` while its status stays the same (``conditions.merge``).
+- A status dict is a merge patch: figures the master did not report are left out (kept as they were).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ringseed.api import conditions as cond
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How the master answered this time: its report, or how long it has been silent."""
+
+    report: Mapping[str, Any] | None
+    unreachable_for: float | None = None  # seconds since its last answer; None: it never answered
+    error: str | None = None  # why it did not answer (shown in messages)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    phase: str
+    reason: str
+    message: str
+
+
+def human_bytes_per_second(value: float | None) -> str:
+    if not value:
+        return "0 B/s"
+    for unit in ("B/s", "KiB/s", "MiB/s", "GiB/s"):
+        if value < 1024 or unit == "GiB/s":
+            return f"{value:.0f} {unit}" if unit == "B/s" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    total = round(seconds)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def md_percent(report: Mapping[str, Any]) -> int:
+    """Share of all selected nodes' bytes already held and verified, 0..100."""
+    total_bytes = int(report.get("total_bytes") or 0)
+    nodes = report.get("nodes") or {}
+    nodes_total = int(report.get("nodes_total") or 0)
+    if total_bytes > 0 and nodes and nodes_total > 0:
+        held = sum(min(int(n.get("bytes") or 0), total_bytes) for n in nodes.values())
+        return min(100, held * 100 // (total_bytes * nodes_total))
+    if nodes_total > 0:
+        return int(report.get("nodes_ready") or 0) * 100 // nodes_total
+    return 0
+
+
+def _silent(reach: Reach, *, degraded_after: float, role: str) -> Verdict | None:
+    """The verdict when the master did not answer: Degraded when long silent after answering."""
+    if reach.report is not None:
+        return None
+    detail = f": {reach.error}" if reach.error else ""
+    if reach.unreachable_for is not None and reach.unreachable_for >= degraded_after:
+        return Verdict(
+            "Degraded",
+            cond.REASON_MASTER_UNREACHABLE,
+            f"The {role} has not answered for {reach.unreachable_for:.0f}s{detail}",
+        )
+    return Verdict("", cond.REASON_MASTER_UNREACHABLE, f"Waiting for the {role} to answer{detail}")
+
+
+def md_verdict(reach: Reach, *, degraded_after: float) -> Verdict:
+    silent = _silent(reach, degraded_after=degraded_after, role="tracker")
+    if silent is not None:
+        return silent if silent.phase else Verdict("Pending", silent.reason, silent.message)
+    report = reach.report or {}
+    total, ready, failed = (int(report.get(k) or 0) for k in ("nodes_total", "nodes_ready", "nodes_failed"))
+    if total == 0:
+        return Verdict("Pending", cond.REASON_NO_NODES, "No agent has registered with the tracker yet")
+    if ready == total:
+        return Verdict("Complete", cond.REASON_COMPLETE, f"The model is verified on all {total} nodes")
+    if failed > 0:
+        return Verdict("Degraded", cond.REASON_NODES_FAILED, f"{failed} of {total} nodes failed or went offline")
+    if ready == 0:
+        return Verdict("Downloading", cond.REASON_DOWNLOADING, f"Pulling from the origin; 0 of {total} nodes ready")
+    return Verdict("Distributing", cond.REASON_DISTRIBUTING, f"{ready} of {total} nodes ready")
+
+
+def waiting_for_model(*, model: str, found: bool, phase: str | None) -> Verdict:
+    """The verdict of a TrainingGroup whose ModelDistribution is missing or not Complete yet."""
+    if not found:
+        return Verdict("WaitingForModel", cond.REASON_MODEL_NOT_FOUND, f"ModelDistribution {model} does not exist")
+    return Verdict(
+        "WaitingForModel",
+        cond.REASON_MODEL_NOT_READY,
+        f"ModelDistribution {model} is {phase or 'Pending'}, waiting for Complete",
+    )
+
+
+def tg_verdict(
+    reach: Reach, *, min_peers: int, previous_phase: str | None, degraded_after: float, waiting: Verdict | None
+) -> Verdict:
+    if waiting is not None:
+        return waiting
+    silent = _silent(reach, degraded_after=degraded_after, role="coordinator")
+    if silent is not None:
+        return silent if silent.phase else Verdict("Starting", silent.reason, silent.message)
+    peers = int((reach.report or {}).get("peers") or 0)
+    if peers >= min_peers:
+        return Verdict("Running", cond.REASON_PEERS_READY, f"{peers} peers in the group (minPeers {min_peers})")
+    if previous_phase in ("Running", "Degraded"):
+        return Verdict("Degraded", cond.REASON_PEERS_BELOW_MINIMUM, f"Only {peers} peers left, minPeers is {min_peers}")
+    return Verdict("Starting", cond.REASON_STARTING, f"{peers} of at least {min_peers} peers joined")
+
+
+def conditions_for(
+    verdict: Verdict,
+    *,
+    done_phases: tuple[str, ...],
+    now: str,
+    generation: int | None,
+    previous: Sequence[Mapping[str, Any]],
+) -> list[dict[str, Any]]:
+    """Ready / Progressing / Degraded / InvalidSpec (and WaitingForModel) for a verdict, merged into
+    the previous list so that ``lastTransitionTime`` moves only when a status flips."""
+    failed = verdict.phase == "Failed"
+    ready = verdict.phase in done_phases
+    flags = {
+        cond.READY: ready,
+        cond.PROGRESSING: not (ready or failed),
+        cond.DEGRADED: verdict.phase == "Degraded",
+    }
+    result = [dict(c) for c in previous]
+    for type_, flag in flags.items():
+        result = cond.merge(result, _make(type_, flag, verdict.reason, verdict.message, now, generation))
+    spec = (cond.REASON_SPEC_INVALID, verdict.message) if failed else (cond.REASON_SPEC_VALID, "The spec is valid")
+    result = cond.merge(result, _make(cond.INVALID_SPEC, failed, *spec, now, generation))
+    if verdict.phase == "WaitingForModel" or any(c.get("type") == cond.WAITING_FOR_MODEL for c in previous):
+        waiting = verdict.phase == "WaitingForModel"
+        reason = verdict.reason if waiting else cond.REASON_MODEL_READY
+        message = verdict.message if waiting else "The model is verified on the selected nodes"
+        result = cond.merge(result, _make(cond.WAITING_FOR_MODEL, waiting, reason, message, now, generation))
+    return result
+
+
+def _generation(generation: int | None, previous: Mapping[str, Any]) -> int | None:
+    """The generation conditions speak of: the one just acted on, else the last observed."""
+    if generation is not None:
+        return generation
+    observed = previous.get("observedGeneration")
+    return int(observed) if observed is not None else None
+
+
+def _make(type_: str, flag: bool, reason: str, message: str, now: str, generation: int | None) -> cond.Condition:
+    return cond.make(
+        type=type_,
+        status=cond.TRUE if flag else cond.FALSE,
+        reason=reason,
+        message=message,
+        now=now,
+        generation=generation or 0,
+    )
+
+
+def md_status(
+    *, reach: Reach, generation: int | None, previous: Mapping[str, Any], now: str, degraded_after: float
+) -> dict[str, Any]:
+    """The status merge patch of a ModelDistribution."""
+    verdict = md_verdict(reach, degraded_after=degraded_after)
+    result: dict[str, Any] = {"phase": verdict.phase, "message": verdict.message}
+    report = reach.report
+    if report is not None:
+        result.update(
+            {
+                "totalBytes": int(report.get("total_bytes") or 0),
+                "totalChunks": int(report.get("total_chunks") or 0),
+                "nodesReady": int(report.get("nodes_ready") or 0),
+                "nodesTotal": int(report.get("nodes_total") or 0),
+                "nodesFailed": int(report.get("nodes_failed") or 0),
+                "bytesFromOrigin": int(report.get("bytes_from_origin") or 0),
+                "percent": md_percent(report),
+                "throughput": human_bytes_per_second(report.get("throughput_bps")),
+                "eta": human_duration(report.get("eta_seconds")),
+            }
+        )
+        if report.get("manifest_digest"):
+            result["manifestDigest"] = report["manifest_digest"]
+    result["conditions"] = conditions_for(
+        verdict,
+        done_phases=("Complete",),
+        now=now,
+        generation=_generation(generation, previous),
+        previous=previous.get("conditions") or [],
+    )
+    if generation is not None:
+        result["observedGeneration"] = generation
+    return result
+
+
+def tg_status(
+    *,
+    reach: Reach,
+    generation: int | None,
+    previous: Mapping[str, Any],
+    now: str,
+    min_peers: int,
+    degraded_after: float,
+    waiting: Verdict | None,
+) -> dict[str, Any]:
+    """The status merge patch of a TrainingGroup; ``waiting`` when its model is not Complete yet."""
+    verdict = tg_verdict(
+        reach, min_peers=min_peers, previous_phase=previous.get("phase"), degraded_after=degraded_after, waiting=waiting
+    )
+    result: dict[str, Any] = {"phase": verdict.phase, "message": verdict.message}
+    report = reach.report
+    if report is not None and waiting is None:
+        last = report.get("last_all_reduce")
+        result.update(
+            {
+                "peers": int(report.get("peers") or 0),
+                "worldSize": int(report.get("world_size") or 0),
+                "ringOrder": [str(p) for p in report.get("ring_order") or []],
+                "collectivePhase": str(report.get("phase") or ""),
+                "lastAllReduce": None
+                if not last
+                else {"bytes": int(last.get("bytes") or 0), "busbwGbps": float(last.get("busbw_gbps") or 0.0)},
+            }
+        )
+    result["conditions"] = conditions_for(
+        verdict,
+        done_phases=("Running",),
+        now=now,
+        generation=_generation(generation, previous),
+        previous=previous.get("conditions") or [],
+    )
+    if generation is not None:
+        result["observedGeneration"] = generation
+    return result
+
+
+def invalid_status(
+    *, field: str, problem: str, generation: int | None, previous: Mapping[str, Any], now: str
+) -> dict[str, Any]:
+    """Phase Failed with an InvalidSpec condition naming the field and the problem."""
+    verdict = Verdict("Failed", cond.REASON_SPEC_INVALID, f"{field}: {problem}")
+    result: dict[str, Any] = {
+        "phase": "Failed",
+        "message": verdict.message,
+        "conditions": conditions_for(
+            verdict,
+            done_phases=(),
+            now=now,
+            generation=_generation(generation, previous),
+            previous=previous.get("conditions") or [],
+        ),
+    }
+    if generation is not None:
+        result["observedGeneration"] = generation
+    return result
+
+
+def phase_event(*, previous: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """``(type, reason, message)`` of the Event to post when the phase changed, else None."""
+    old, new = previous.get("phase"), current.get("phase")
+    if not new or old == new:
+        return None
+    kind = "Warning" if new in ("Degraded", "Failed") else "Normal"
+    message = f"Phase changed from {old or 'none'} to {new}: {current.get('message', '')}".rstrip(": ")
+    return kind, f"Phase{new}", message

@@ -87,6 +87,13 @@ class RingEngine:
         self._listener = transport.Listener(host=self._host, port=self._port, token=self._token,
                                             io_timeout=self._io_timeout, on_ring=self._on_ring)
         self._listener.start()
+        return self.address
+
+    @property
+    def address(self) -> PeerAddress:
+        """The address given by :meth:`start` (raises before it)."""
+        if self._listener is None:
+            raise RuntimeError("start() the engine first")
         return PeerAddress(peer_id=self.peer_id, host=self._host, port=self._listener.port)
 
     @property

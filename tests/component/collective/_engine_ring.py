@@ -1,0 +1,39 @@
+"""Test helper: N real RingEngines on loopback in one process, each op run on its own thread."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+from ringseed.collective import engine
+
+T = TypeVar("T")
+TOKEN = "test-token"
+
+
+@contextlib.contextmanager
+def ring(n: int, *, channels: int = 1, io_timeout: float = 20.0, epoch: int = 1) -> Iterator[list[engine.RingEngine]]:
+    engines = [engine.RingEngine(peer_id=f"p{i}", token=TOKEN, connections_per_peer=channels, io_timeout=io_timeout)
+               for i in range(n)]
+    try:
+        addresses = [e.start() for e in engines]
+        each(engines, lambda e: e.set_ring(addresses, epoch=epoch, timeout=20))
+        yield engines
+    finally:
+        for e in engines:
+            e.close()
+
+
+def each(engines: Sequence[engine.RingEngine], fn: Callable[[engine.RingEngine], T]) -> list[T]:
+    """Run fn on every engine concurrently (as separate processes would); re-raise the first error."""
+    with concurrent.futures.ThreadPoolExecutor(len(engines)) as pool:
+        return list(pool.map(fn, engines))
+
+
+def outcomes(engines: Sequence[engine.RingEngine], fn: Callable[[engine.RingEngine], T]) -> list[T | BaseException]:
+    """Like each, but returns exceptions instead of raising them."""
+    with concurrent.futures.ThreadPoolExecutor(len(engines)) as pool:
+        futures = [pool.submit(fn, e) for e in engines]
+        return [f.exception() or f.result() for f in futures]  # type: ignore[misc]

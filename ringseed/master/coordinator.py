@@ -1,0 +1,153 @@
+"""The coordinator role of the master: a training group's membership, votes, ring and recovery.
+
+Owns the HTTP face of :mod:`ringseed.protocol.membership` (which makes every decision) and the
+failure detector. JSON over HTTP with the group's bearer token (``web.make_app``).
+
+Endpoints (every POST body names ``peer_id``; ``wait`` is how long the call may be held, in s):
+- ``POST /v1/join {peer_id, host, port}``: Registered; held until Accepted ->
+  ``{status, epoch, ring, heartbeat_interval, heartbeat_timeout, abort_seq}``.
+- ``POST /v1/heartbeat {peer_id, abort_seq}``: proof of life; held up to the heartbeat interval
+  and answered at once when a tag is aborted -> ``{status, epoch, abort_seq, aborts, pending_peers}``.
+  An unknown (removed) peer gets 410 ``removed``.
+- Rounds, all ``{peer_id, round?, ...}`` -> ``{round, done, result}``; the first call votes and
+  later calls with ``round`` only poll: ``POST /v1/collective/begin {op, nbytes}`` (result: tag,
+  epoch, ring), ``POST /v1/vote/accept``, ``POST /v1/state/sync {revision, hashes}``,
+  ``POST /v1/bandwidth {row}``.
+- ``POST /v1/collective/end {peer_id, tag, ok, reason}``: held until the verdict ->
+  ``{verdict: "complete"|"abort"|null, reason, epoch}``.
+- ``POST /v1/leave {peer_id}``: a clean exit, handled like a removal.
+- ``GET /v1/topology``, ``GET /v1/status`` (contract: "Master status"), ``GET /metrics``.
+
+Failure detector: a peer whose last request is older than ``heartbeat_timeout`` is removed by
+a background task that looks several times per interval; removal aborts its collectives at
+once and wakes every held call, so survivors learn of it within milliseconds, not after a
+socket timeout. Long polls use one asyncio event that is replaced on every state change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
+
+from aiohttp import web as aioweb
+
+from ringseed import web
+from ringseed.master import coordinator_http as http
+from ringseed.protocol import membership
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+MAX_WAIT = 60.0
+
+
+class Coordinator:
+    """State plus change notification; handlers are thin wrappers around it."""
+
+    def __init__(self, *, heartbeat_interval: float, heartbeat_timeout: float, optimize_topology: bool,
+                 min_peers: int, clock: Callable[[], float] = time.monotonic) -> None:
+        if heartbeat_interval <= 0 or heartbeat_timeout <= heartbeat_interval:
+            raise ValueError("need 0 < heartbeat_interval < heartbeat_timeout")
+        self.interval = heartbeat_interval
+        self.timeout = heartbeat_timeout
+        self.clock = clock
+        self.group = membership.Membership(min_peers=min_peers, optimize_topology=optimize_topology)
+        self.metrics = web.Metrics()
+        self._changed = asyncio.Event()
+        self.metrics.declare("coordinator_peers_removed_total", "counter", "peers removed by the failure detector")
+        self.metrics.declare("coordinator_aborts_total", "counter", "collective tags that got the abort verdict")
+
+    def changed(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_for(self, check: Callable[[], T | None], *, wait: float) -> T | None:
+        """Re-run ``check`` after every state change until it gives a value or ``wait`` passes."""
+        deadline = self.clock() + min(max(wait, 0.0), MAX_WAIT)
+        while True:
+            found = check()
+            left = deadline - self.clock()
+            if found is not None or left <= 0:
+                return found
+            event = self._changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), left)
+
+    def seen(self, peer_id: str) -> None:
+        if peer_id in self.group.peers:
+            self.group.heartbeat(peer_id=peer_id, now=self.clock())
+
+    def expire(self) -> None:
+        before = self.group.abort_seq
+        lost = self.group.expire(now=self.clock(), timeout=self.timeout)
+        for peer_id in lost:
+            log.warning("Removed peer %s: no heartbeat for %.1f s", peer_id, self.timeout)
+            self.metrics.inc("coordinator_peers_removed_total")
+        if lost:
+            self.metrics.inc("coordinator_aborts_total", self.group.abort_seq - before)
+            self.changed()
+
+    def refresh_metrics(self) -> None:
+        status = self.group.status()
+        self.metrics.set("coordinator_peers", status["peers"])
+        self.metrics.set("coordinator_world_size", status["world_size"])
+        self.metrics.set("coordinator_epoch", status["epoch"])
+        for phase in membership.Phase:
+            self.metrics.set("coordinator_phase", 1.0 if status["phase"] == phase.value else 0.0, phase=phase.value)
+        last = status["last_all_reduce"]
+        if last is not None:
+            self.metrics.set("coordinator_last_all_reduce_busbw_gbps", last["busbw_gbps"])
+
+
+def create_app(*, token: str, heartbeat_interval: float, heartbeat_timeout: float, optimize_topology: bool,
+               min_peers: int) -> aioweb.Application:
+    """The coordinator's aiohttp application (see the module docstring for the API)."""
+    app = web.make_app(token=token)
+    state: dict[str, Coordinator] = {}
+    if heartbeat_interval <= 0 or heartbeat_timeout <= heartbeat_interval:
+        raise ValueError("need 0 < heartbeat_interval < heartbeat_timeout")
+
+    async def lifecycle(app: aioweb.Application) -> AsyncIterator[None]:
+        coordinator = state["c"] = Coordinator(
+            heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
+            optimize_topology=optimize_topology, min_peers=min_peers,
+        )
+        task = asyncio.create_task(_detector(coordinator))
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    app.cleanup_ctx.append(lifecycle)
+    _routes(app, lambda: state["c"])
+    return app
+
+
+async def _detector(coordinator: Coordinator) -> None:
+    period = min(coordinator.interval / 2, coordinator.timeout / 10, 0.25)
+    while True:
+        await asyncio.sleep(period)
+        coordinator.expire()
+
+
+def _routes(app: aioweb.Application, get: Callable[[], Coordinator]) -> None:
+    r = app.router
+    r.add_post("/v1/join", http.join(get))
+    r.add_post("/v1/heartbeat", http.heartbeat(get))
+    r.add_post("/v1/collective/begin", http.round_(get, membership.RoundKind.COLLECTIVE, ("op", "nbytes")))
+    r.add_post("/v1/vote/accept", http.round_(get, membership.RoundKind.ACCEPT, ()))
+    r.add_post("/v1/state/sync", http.round_(get, membership.RoundKind.SYNC, ("revision", "hashes")))
+    r.add_post("/v1/bandwidth", http.round_(get, membership.RoundKind.BANDWIDTH, ("row",)))
+    r.add_post("/v1/collective/end", http.end(get))
+    r.add_post("/v1/leave", http.leave(get))
+    r.add_get("/v1/topology", http.topology(get))
+    r.add_get("/v1/status", http.status(get))
+
+    async def metrics(request: aioweb.Request) -> aioweb.StreamResponse:
+        c = get()
+        return await c.metrics.handler(c.refresh_metrics)(request)
+
+    r.add_get("/metrics", metrics)

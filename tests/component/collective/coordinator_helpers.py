@@ -1,0 +1,70 @@
+"""Test helpers: a coordinator on a loopback port in a background thread, and peers in threads."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from aiohttp import web as aioweb
+
+from ringseed.collective import communicator
+from ringseed.master import coordinator
+
+TOKEN = "test-token"
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def running_coordinator(*, interval: float = 0.2, timeout: float = 1.5, min_peers: int = 1,
+                        optimize: bool = False) -> Iterator[str]:
+    """Yield the URL of a coordinator served from a thread; stop it afterwards."""
+    loop = asyncio.new_event_loop()
+    app = coordinator.create_app(token=TOKEN, heartbeat_interval=interval, heartbeat_timeout=timeout,
+                                 optimize_topology=optimize, min_peers=min_peers)
+    runner = aioweb.AppRunner(app, access_log=None)
+    ready: concurrent.futures.Future[int] = concurrent.futures.Future()
+
+    async def start() -> None:
+        await runner.setup()
+        site = aioweb.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        ready.set_result(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(start(), loop)
+    try:
+        yield f"http://127.0.0.1:{ready.result(10)}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def make_peer(url: str, name: str) -> communicator.Communicator:
+    return communicator.Communicator(coordinator_url=url, token=TOKEN, peer_id=name, io_timeout=10.0, hold=2.0)
+
+
+def on_each(comms: list[communicator.Communicator], fn: Callable[[int, communicator.Communicator], T],
+            *, timeout: float = 60.0) -> list[T]:
+    """Run ``fn(i, comm)`` for every peer at once (each peer is its own thread)."""
+    with concurrent.futures.ThreadPoolExecutor(len(comms)) as pool:
+        futures = [pool.submit(fn, i, c) for i, c in enumerate(comms)]
+        return [f.result(timeout) for f in futures]
+
+
+@contextlib.contextmanager
+def connected_peers(url: str, n: int, *, prefix: str = "p") -> Iterator[list[communicator.Communicator]]:
+    comms = [make_peer(url, f"{prefix}{i}") for i in range(n)]
+    try:
+        on_each(comms, lambda i, c: c.connect(timeout=30))
+        yield comms
+    finally:
+        for c in comms:
+            with contextlib.suppress(Exception):
+                c.close()

@@ -54,7 +54,13 @@ Handler = Callable[[aioweb.Request], Awaitable[aioweb.StreamResponse]]
 def create_app(*, token: str, offline_after: float, heartbeat_interval: float, seeders: int) -> aioweb.Application:
     """The tracker-role application (state lives on ``app[TRACKER_KEY]``)."""
     app = web.make_app(token=token, max_body_bytes=MAX_BODY_BYTES)
-    state = tracker.Tracker(epoch=secrets.token_hex(8), offline_after=offline_after, seeders=seeders)
+    state = tracker.Tracker(
+        epoch=secrets.token_hex(8),
+        offline_after=offline_after,
+        seeders=seeders,
+        now=time.monotonic(),
+        claim_grace=2 * heartbeat_interval,
+    )
     app[TRACKER_KEY] = state
     api = _Api(state, heartbeat_interval=heartbeat_interval)
     app.router.add_post("/v1/register", _guard(api.register))

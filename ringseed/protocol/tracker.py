@@ -22,7 +22,9 @@ Rules:
   never handed out as a source again and never gets origin duty.
 - Origin duty goes to ``seeders`` online, unpenalised nodes (earliest registered first). A duty
   holder claims chunks nobody holds; each such chunk is assigned to one holder at a time, so a
-  chunk is pulled from the origin once while a copy lives inside.
+  chunk is pulled from the origin once while a copy lives inside. For ``claim_grace`` seconds
+  after the tracker starts no chunk is assigned: after a master restart, agents first get the
+  time to re-register and re-announce what they hold, so held chunks are not pulled again.
 - Peers for a chunk: online holders other than the asker, fewest active uploads first (the
   load reported in heartbeats plus the hand-outs since), penalised peers excluded.
 - Completion is derived from availability: a node is complete when it holds every chunk, and
@@ -93,8 +95,11 @@ class HeartbeatReply:
 class Tracker:
     """The tracker's soft state for one model."""
 
-    def __init__(self, *, epoch: str, offline_after: float, seeders: int = 1) -> None:
+    def __init__(
+        self, *, epoch: str, offline_after: float, seeders: int = 1, now: float = 0.0, claim_grace: float = 0.0
+    ) -> None:
         self.epoch = epoch
+        self.claims_from = now + claim_grace
         self.offline_after = offline_after
         self.seeders = max(1, seeders)
         self.layout: manifest.Layout | None = None
@@ -299,7 +304,7 @@ class Tracker:
         self._refresh_duty(now)
         if node not in self.duty:
             raise Forbidden(f"node {node!r} does not hold origin duty")
-        if self.layout is None:
+        if self.layout is None or now < self.claims_from:
             return []
         avail = self.availability()
         mine = [i for i, n in sorted(self.assigned.items()) if n == node]

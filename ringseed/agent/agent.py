@@ -1,0 +1,344 @@
+"""The node agent (distribution role): joins the swarm, fetches, verifies, stores, serves, publishes.
+
+Owns the agent's state and its life cycle; the work is split over :mod:`ringseed.agent.fetch`
+(peer downloads, rarest first), :mod:`ringseed.agent.seeder` (origin duty),
+:mod:`ringseed.agent.store` (SSD tier, journal, materialiser), :mod:`ringseed.agent.cache`
+(memory tier) and :mod:`ringseed.agent.server` (peer server).
+
+Rules:
+- Nothing unverified is written, announced or served: a chunk enters ``held`` only after its
+  SHA-256 matched the known hash (from a manifest or the origin-duty agent), or, on origin
+  duty, after this agent hashed what it pulled (that hash is then published).
+- Start: the staging directory's layout and journal (a previous run) are offered to the tracker
+  at registration, so a restarted agent resumes without fetching verified chunks again.
+- The layout comes from the tracker; if none is published and this agent holds origin duty,
+  it lists the origin (or fetches ``--manifest-uri``) and publishes it.
+- A sync loop heartbeats every ``heartbeat_interval`` (sooner when there is news) with load,
+  counters and the batch of new chunks, and learns duty, hashes and availability. A 404
+  ``unknown_node`` (master restarted or purged us) means register again with everything held.
+- When every chunk is held: make the writes durable, materialise atomically under
+  ``<data-dir>/<namespace>/<name>/`` and report the manifest digest; keep serving peers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web as aioweb
+
+from ringseed import web
+from ringseed.agent import cache, fetch, origins, seeder, server, store, tracker_client
+from ringseed.protocol import manifest
+
+log = logging.getLogger(__name__)
+MAX_ANNOUNCE = 4096
+
+
+@dataclass(frozen=True)
+class Config:
+    master_url: str
+    node_name: str
+    advertise_host: str
+    port: int
+    token: str
+    source: str
+    data_dir: Path
+    cache_dir: Path
+    namespace: str
+    name: str
+    manifest_uri: str | None = None
+    chunk_size: int = manifest.DEFAULT_CHUNK_SIZE
+    memory_bytes: int = 256 << 20
+    origin_rate_limit: float | None = None
+    host: str = "0.0.0.0"
+    download_slots: int = 4
+    upload_slots: int = 8
+    origin_depth: int = 2
+    corrupt_uploads: bool = False
+
+
+class Agent:
+    """One node's distribution agent; :meth:`run` until ``stop`` is set."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.session_id = secrets.token_hex(8)
+        self.store = store.Store(config.cache_dir / config.namespace / config.name)
+        self.memory = cache.MemoryTier(config.memory_bytes)
+        self.model_dir = config.data_dir / config.namespace / config.name
+        self.layout: manifest.Layout | None = None
+        self.held: dict[int, str] = {}
+        self.hashes: dict[int, str] = {}
+        self.missing: set[int] = set()
+        self.availability: list[int] = []
+        self.sync_state: dict[str, Any] = {"epoch": None, "hash_cursor": 0, "avail_version": -1}
+        self.origin_duty = False
+        self.active_uploads = 0
+        self.uploaded_bytes = 0
+        self.fetched_bytes = 0
+        self.origin_bytes = 0
+        self.resumed_chunks = 0
+        self.announce: list[tuple[int, str | None]] = []
+        self.uncommitted: list[tuple[int, str]] = []
+        self.verified_digest: str | None = None
+        self.heartbeat_interval = 1.0
+        self.avoid: dict[str, float] = {}
+        self.url = ""
+        self.origin: origins.Origin | None = None
+        self.metrics = web.Metrics()
+        self.changed = asyncio.Event()
+        self.news = asyncio.Event()
+        self.tracker: tracker_client.TrackerClient
+        self.http: aiohttp.ClientSession
+
+    # -- life cycle ----------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        runner = await self._serve()
+        try:
+            async with aiohttp.ClientSession() as http:
+                self.http = http
+                self.tracker = tracker_client.TrackerClient(
+                    base_url=self.config.master_url, token=self.config.token, node=self.config.node_name, session=http
+                )
+                await self._work(stop)
+        finally:
+            await runner.cleanup()
+            await seeder.close_origin(self)
+            self.store.close()
+
+    async def _work(self, stop: asyncio.Event) -> None:
+        saved = self.store.saved_layout()
+        if saved is not None:
+            await self._adopt(saved, hashes=None)
+        await self._register_until_done(stop)
+        loops = [self._sync_loop(), self._layout_loop(), self._commit_loop(), self._finish()]
+        loops += [fetch.download_loop(self), seeder.origin_loop(self)]
+        tasks = [asyncio.create_task(c) for c in loops]
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            pending = {*tasks, stopper}
+            while stopper in pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done - {stopper}:
+                    task.result()  # a loop that failed stops the agent with its error
+        finally:
+            for task in [*tasks, stopper]:
+                task.cancel()
+            await asyncio.gather(*tasks, stopper, return_exceptions=True)
+            await asyncio.to_thread(self.store.commit, self._take_uncommitted())
+
+    async def _serve(self) -> aioweb.AppRunner:
+        self._declare_metrics()
+        app = server.create_app(
+            token=self.config.token,
+            source=self,
+            max_uploads=self.config.upload_slots,
+            metrics=self.metrics,
+            refresh_metrics=self._refresh_metrics,
+            corrupt_uploads=self.config.corrupt_uploads,
+        )
+        runner = aioweb.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = aioweb.TCPSite(runner, self.config.host, self.config.port)
+        await site.start()
+        port = runner.addresses[0][1] if runner.addresses else self.config.port
+        self.url = f"http://{self.config.advertise_host}:{port}"
+        log.info("Agent %s serving chunks at %s", self.config.node_name, self.url)
+        return runner
+
+    # -- tracker membership ----------------------------------------------------------------
+
+    async def _register_until_done(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self._register()
+                return
+            except tracker_client.Unavailable as exc:
+                log.info("Tracker not reachable yet: %s", exc)
+                await asyncio.sleep(0.5)
+
+    async def _register(self) -> None:
+        layout = self.layout.to_dict() if self.layout is not None else None
+        try:
+            reply = await self.tracker.register(
+                url=self.url, session=self.session_id, chunks=dict(self.held), layout=layout
+            )
+        except tracker_client.Refused as exc:
+            if exc.status != 409:
+                raise
+            log.warning("Tracker has a different layout; discarding local staging: %s", exc)
+            self._forget_layout()
+            reply = await self.tracker.register(url=self.url, session=self.session_id, chunks={}, layout=None)
+        self.heartbeat_interval = float(reply.get("heartbeat_interval", 1.0))
+        self.sync_state = {"epoch": reply.get("epoch"), "hash_cursor": 0, "avail_version": -1}
+        self.announce.clear()
+        for index in reply.get("rejected", []):
+            self._unhold(int(index))
+
+    def _forget_layout(self) -> None:
+        self.layout, self.held, self.hashes, self.missing = None, {}, {}, set()
+
+    def _unhold(self, index: int) -> None:
+        if self.held.pop(index, None) is not None:
+            self.hashes.pop(index, None)
+            self.missing.add(index)
+            self.memory.discard(index)
+
+    async def _adopt(self, layout: manifest.Layout, *, hashes: list[Any] | None) -> None:
+        verified = await asyncio.to_thread(self.store.open, layout)
+        self.layout = layout
+        self.held = dict(verified)
+        self.hashes = dict(verified)
+        for index, digest in enumerate(hashes or []):
+            if isinstance(digest, str):
+                self.hashes.setdefault(index, digest)
+        self.held = {i: h for i, h in self.held.items() if self.hashes[i] == h}
+        self.missing = set(range(layout.chunk_count)) - set(self.held)
+        self.resumed_chunks = len(self.held)
+        self.changed.set()
+        log.info("Adopted layout: %d chunks, %d verified from an earlier run", layout.chunk_count, len(self.held))
+
+    async def _layout_loop(self) -> None:
+        while self.layout is None:
+            try:
+                published = await self.tracker.get_manifest()
+                if published.get("layout") is not None:
+                    layout = manifest.Layout.from_dict(published["layout"])
+                    await self._adopt(layout, hashes=published.get("chunk_hashes"))
+                    return
+                if self.origin_duty:
+                    await seeder.publish_layout(self)
+                    continue
+            except tracker_client.TrackerClientError as exc:
+                log.info("Waiting for the layout: %s", exc)
+            await asyncio.sleep(self.heartbeat_interval / 2)
+
+    # -- heartbeats ------------------------------------------------------------------------
+
+    async def _sync_loop(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.news.wait(), timeout=self.heartbeat_interval)
+            self.news.clear()
+            try:
+                await self._heartbeat()
+            except tracker_client.UnknownNode:
+                log.info("Tracker does not know us (restarted?); registering again")
+                await self._register_quietly()
+            except tracker_client.TrackerClientError as exc:
+                log.info("Heartbeat failed: %s", exc)
+            await asyncio.sleep(min(0.05, self.heartbeat_interval / 4))
+
+    async def _register_quietly(self) -> None:
+        with contextlib.suppress(tracker_client.TrackerClientError):
+            await self._register()
+
+    async def _heartbeat(self) -> None:
+        batch = self.announce[:MAX_ANNOUNCE]
+        body = dict(
+            self.sync_state,
+            load=self.active_uploads,
+            counters=self.counters(),
+            chunks=[[i, h] for i, h in batch],
+            verified_digest=self.verified_digest,
+        )
+        reply = await self.tracker.heartbeat(body)
+        del self.announce[: len(batch)]
+        if len(self.announce):
+            self.news.set()
+        self._absorb(reply)
+
+    def _absorb(self, reply: dict[str, Any]) -> None:
+        self.origin_duty = bool(reply.get("origin_duty"))
+        self.sync_state["epoch"] = reply.get("epoch")
+        self.sync_state["hash_cursor"] = int(reply.get("hash_cursor", 0))
+        self.sync_state["avail_version"] = int(reply.get("avail_version", -1))
+        for key, digest in reply.get("hashes", {}).items():
+            index = int(key)
+            if self.held.get(index, digest) != digest:
+                log.warning("Chunk %d held here does not match the tracker's hash; fetching again", index)
+                self._unhold(index)
+            self.hashes[index] = digest
+        if reply.get("availability") is not None:
+            self.availability = [int(n) for n in reply["availability"]]
+        self.changed.set()
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "origin_bytes": self.origin_bytes,
+            "fetched_bytes": self.fetched_bytes,
+            "uploaded_bytes": self.uploaded_bytes,
+        }
+
+    # -- chunks ------------------------------------------------------------------------------
+
+    async def accept(self, index: int, data: bytes | bytearray, *, digest: str, from_origin: bool) -> bool:
+        """Store a verified chunk, keep it in memory, queue its announcement. False if already held."""
+        if index in self.held or self.layout is None:
+            return False
+        await asyncio.to_thread(self.store.write_chunk, index, data)
+        if index in self.held:
+            return False
+        self.held[index] = digest
+        self.hashes.setdefault(index, digest)
+        self.missing.discard(index)
+        self.memory.put(index, data)
+        self.announce.append((index, digest if from_origin else None))
+        self.uncommitted.append((index, digest))
+        self.news.set()
+        self.changed.set()
+        return True
+
+    def _take_uncommitted(self) -> list[tuple[int, str]]:
+        entries, self.uncommitted = self.uncommitted, []
+        return entries
+
+    async def _commit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            if self.uncommitted:
+                await asyncio.to_thread(self.store.commit, self._take_uncommitted())
+
+    async def _finish(self) -> None:
+        while self.layout is None or self.missing or len(self.hashes) < self.layout.chunk_count:
+            await self.changed.wait()
+            await asyncio.sleep(0.05)
+        hashes = tuple(self.hashes[i] for i in range(self.layout.chunk_count))
+        digest = manifest.Manifest(layout=self.layout, chunk_hashes=hashes).digest
+        await asyncio.to_thread(self.store.commit, self._take_uncommitted())
+        await asyncio.to_thread(self.store.materialise, model_dir=self.model_dir, digest=digest)
+        self.verified_digest = digest
+        self.news.set()
+        log.info("Model complete and verified at %s (digest %s)", self.model_dir, digest[:16])
+
+    # -- metrics -------------------------------------------------------------------------------
+
+    def _declare_metrics(self) -> None:
+        m = self.metrics
+        m.declare("agent_chunks_held", "gauge", "verified chunks held")
+        m.declare("agent_chunks_total", "gauge", "chunks in the model (0 until the layout is known)")
+        m.declare("agent_bytes_fetched", "counter", "bytes received from peers and the origin")
+        m.declare("agent_bytes_from_origin", "counter", "bytes pulled from the origin")
+        m.declare("agent_bytes_uploaded", "counter", "bytes served to peers")
+        m.declare("agent_active_uploads", "gauge", "uploads in progress")
+        m.declare("agent_memory_tier_bytes", "gauge", "bytes held in the memory tier")
+        m.declare("agent_complete", "gauge", "1 when the model is materialised and verified")
+
+    def _refresh_metrics(self) -> None:
+        m = self.metrics
+        m.set("agent_chunks_held", len(self.held))
+        m.set("agent_chunks_total", self.layout.chunk_count if self.layout is not None else 0)
+        m.set("agent_bytes_fetched", self.fetched_bytes)
+        m.set("agent_bytes_from_origin", self.origin_bytes)
+        m.set("agent_bytes_uploaded", self.uploaded_bytes)
+        m.set("agent_active_uploads", self.active_uploads)
+        m.set("agent_memory_tier_bytes", self.memory.used)
+        m.set("agent_complete", 1 if self.verified_digest else 0)

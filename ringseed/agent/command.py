@@ -1,0 +1,89 @@
+"""``ringseed agent``: run a node agent in the distribution role.
+
+Owns the agent's command line (docs/contracts.md, "Command lines the operator builds") and its
+environment fallbacks (``RINGSEED_MASTER_URL``, ``RINGSEED_NODE_NAME``, ``RINGSEED_ADVERTISE_HOST``,
+``RINGSEED_TOKEN``). Test-only: ``RINGSEED_FAULT_CORRUPT_UPLOADS=1`` makes the agent serve
+corrupted chunks (a lying peer for the fault tests); never set it in production.
+SIGTERM and SIGINT stop the agent cleanly (journal flushed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument("--master-url", default=env("RINGSEED_MASTER_URL"))
+    parser.add_argument("--node-name", default=env("RINGSEED_NODE_NAME") or socket.gethostname())
+    parser.add_argument("--advertise-host", default=env("RINGSEED_ADVERTISE_HOST") or "127.0.0.1")
+    parser.add_argument("--host", default="0.0.0.0", help="address the peer server listens on")
+    parser.add_argument("--port", type=int, default=8471, help="peer server port (0: any free port)")
+    parser.add_argument("--token-file")
+    parser.add_argument("--source", required=True, help="file://, http(s):// or s3:// URI of the model")
+    parser.add_argument("--manifest-uri", help="URI of a published manifest (chunk hashes)")
+    parser.add_argument("--chunk-size", default="64Mi")
+    parser.add_argument("--data-dir", default="/var/lib/ringseed/models")
+    parser.add_argument("--cache-dir", default="/var/lib/ringseed/cache")
+    parser.add_argument("--model-name", required=True, help="NAMESPACE/NAME")
+    parser.add_argument("--memory-bytes", default="256Mi", help="memory tier budget")
+    parser.add_argument("--ssd-bytes", default=None, help="SSD tier budget (the staged model must fit)")
+    parser.add_argument("--origin-rate-limit", default=None, help="bytes/s from the origin (e.g. 32Mi)")
+    parser.add_argument("--download-slots", type=int, default=4)
+    parser.add_argument("--upload-slots", type=int, default=8)
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+    from pathlib import Path
+
+    from ringseed.agent import agent
+    from ringseed.master import command as master_command
+    from ringseed.protocol import units
+
+    token = master_command.read_token(args.token_file)
+    namespace, _, name = str(args.model_name).partition("/")
+    problems = [
+        "no token (use --token-file or RINGSEED_TOKEN)" if token is None else "",
+        "no master URL (use --master-url or RINGSEED_MASTER_URL)" if not args.master_url else "",
+        "--model-name must be NAMESPACE/NAME" if not namespace or not name or "/" in name else "",
+    ]
+    for problem in filter(None, problems):
+        print(f"ringseed agent: {problem}", file=sys.stderr)
+    if any(problems):
+        return 2
+    rate = units.parse_size(args.origin_rate_limit) if args.origin_rate_limit else None
+    config = agent.Config(
+        master_url=args.master_url,
+        node_name=args.node_name,
+        advertise_host=args.advertise_host,
+        host=args.host,
+        port=args.port,
+        token=token or "",
+        source=args.source,
+        manifest_uri=args.manifest_uri,
+        chunk_size=units.parse_size(args.chunk_size),
+        data_dir=Path(args.data_dir),
+        cache_dir=Path(args.cache_dir),
+        namespace=namespace,
+        name=name,
+        memory_bytes=units.parse_size(args.memory_bytes),
+        origin_rate_limit=float(rate) if rate else None,
+        download_slots=args.download_slots,
+        upload_slots=args.upload_slots,
+        corrupt_uploads=os.environ.get("RINGSEED_FAULT_CORRUPT_UPLOADS") == "1",
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await agent.Agent(config).run(stop)
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,146 @@
+"""Peer downloads: rarest first, least-loaded holder, bounded slots, end-game, verify before use.
+
+Rules:
+- Only chunks whose hash is known are fetched, and only from peers (never from the origin).
+- Up to ``download_slots`` requests at once; the chunk is chosen by
+  :func:`ringseed.protocol.choice.rarest_first` over the tracker's availability; when every
+  missing chunk is in flight, :func:`ringseed.protocol.choice.endgame` duplicates requests for
+  the last ones (the first verified answer wins, the others are cancelled).
+- Holders come from the tracker, least loaded first; a busy holder (429), an unreachable one
+  or a 404 makes us try the next. An unreachable peer is avoided for a few seconds.
+- Every received chunk is checked (length and SHA-256) before it is stored, announced or
+  served. A mismatch is reported to the tracker (which penalises the peer) and the peer is
+  avoided for good by this agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from ringseed.agent import tracker_client
+from ringseed.protocol import choice, manifest
+
+if TYPE_CHECKING:
+    from ringseed.agent.agent import Agent
+
+log = logging.getLogger(__name__)
+UNREACHABLE_AVOID_S = 5.0
+RETRY_AFTER_S = 0.3
+
+
+async def download_loop(agent: Agent) -> None:
+    rng = random.Random()
+    tasks: dict[int, set[asyncio.Task[bool]]] = {}
+    retry_at: dict[int, float] = {}
+    while True:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(agent.changed.wait(), timeout=0.2)
+        agent.changed.clear()
+        _reap(agent, tasks, retry_at)
+        if agent.layout is None or not agent.missing:
+            continue
+        in_flight = {i: len(ts) for i, ts in tasks.items()}
+        free = agent.config.download_slots - sum(in_flight.values())
+        now = time.monotonic()
+        candidates = [i for i in agent.missing if i in agent.hashes and i not in tasks and retry_at.get(i, 0) <= now]
+        picks = choice.rarest_first(candidates=candidates, availability=agent.availability, count=free, rng=rng)
+        if not picks:
+            picks = choice.endgame(missing=agent.missing, in_flight=in_flight, free_slots=free)
+        for index in picks:
+            task = asyncio.create_task(fetch_chunk(agent, index, rng=rng))
+            task.add_done_callback(lambda _: agent.changed.set())
+            tasks.setdefault(index, set()).add(task)
+
+
+def _reap(agent: Agent, tasks: dict[int, set[asyncio.Task[bool]]], retry_at: dict[int, float]) -> None:
+    for index in list(tasks):
+        running = {t for t in tasks[index] if not t.done()}
+        finished = tasks[index] - running
+        failed = any(t.cancelled() or t.exception() is not None or not t.result() for t in finished)
+        if index in agent.held:
+            for task in running:
+                task.cancel()
+            running = set()
+        elif finished and failed and not running:
+            retry_at[index] = time.monotonic() + RETRY_AFTER_S * (0.5 + random.random())
+        for task in finished:
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("Fetch of chunk %d failed: %r", index, task.exception())
+        if running:
+            tasks[index] = running
+        else:
+            del tasks[index]
+
+
+async def fetch_chunk(agent: Agent, index: int, *, rng: random.Random) -> bool:
+    """Fetch ``index`` from the least-loaded healthy holder; True once it is held."""
+    try:
+        peers = await agent.tracker.peers(index)
+    except tracker_client.TrackerClientError:
+        return False
+    now = time.monotonic()
+    holders = [choice.Holder(name=p["name"], url=p["url"], load=int(p.get("load", 0))) for p in peers]
+    for holder in holders:
+        if agent.avoid.get(holder.name, 0.0) > now or index in agent.held:
+            continue
+        data = await _get(agent, holder, index)
+        if data is None:
+            continue
+        if await _verify(agent, index, data):
+            await agent.accept(index, data, digest=agent.hashes[index], from_origin=False)
+            return True
+        await _penalise(agent, holder, index)
+    return index in agent.held
+
+
+async def _verify(agent: Agent, index: int, data: bytearray) -> bool:
+    expected = agent.hashes.get(index)
+    if agent.layout is None or expected is None or len(data) != agent.layout.chunk_length(index):
+        return False
+    return await asyncio.to_thread(manifest.chunk_sha256, memoryview(data)) == expected
+
+
+async def _penalise(agent: Agent, holder: choice.Holder, index: int) -> None:
+    log.warning("Peer %s served chunk %d with a wrong hash; reporting and avoiding it", holder.name, index)
+    agent.avoid[holder.name] = math.inf
+    with contextlib.suppress(tracker_client.TrackerClientError):
+        await agent.tracker.report(peer=holder.name, chunk=index)
+
+
+async def _get(agent: Agent, holder: choice.Holder, index: int) -> bytearray | None:
+    """The body of ``GET /v1/chunks/{index}`` from ``holder``, or None (busy, gone, short)."""
+    assert agent.layout is not None
+    length = agent.layout.chunk_length(index)
+    timeout = aiohttp.ClientTimeout(total=30 + length / (4 << 20), sock_connect=3)
+    headers = {"Authorization": f"Bearer {agent.config.token}"}
+    try:
+        async with agent.http.get(f"{holder.url}/v1/chunks/{index}", headers=headers, timeout=timeout) as resp:
+            if resp.status != 200:
+                return None
+            return await _read_body(agent, resp, length)
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        log.info("Peer %s unreachable for chunk %d: %s", holder.name, index, type(exc).__name__)
+        agent.avoid[holder.name] = max(agent.avoid.get(holder.name, 0.0), time.monotonic() + UNREACHABLE_AVOID_S)
+        return None
+
+
+async def _read_body(agent: Agent, resp: Any, length: int) -> bytearray | None:
+    buf = bytearray(length)
+    view = memoryview(buf)
+    filled = 0
+    async for piece in resp.content.iter_any():
+        take = min(len(piece), length - filled)
+        view[filled : filled + take] = piece[:take]
+        filled += len(piece)
+        agent.fetched_bytes += len(piece)
+        if filled > length:
+            return bytearray(b"")  # too long: fails verification
+    return buf if filled == length else None  # short: the peer went away mid-body

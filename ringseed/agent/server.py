@@ -1,0 +1,104 @@
+"""The agent's peer chunk server: ``GET /v1/chunks/{index}`` for verified chunks, and ``/metrics``.
+
+Rules:
+- Only verified chunks are served (the agent's ``held`` map); anything else is 404 ``not_held``.
+- A chunk in the memory tier is sent from memory; otherwise the staged file slices are sent
+  with ``sendfile`` (no copy through Python), one slice after another.
+- Uploads are bounded (``max_uploads``); a busy server answers 429 with ``Retry-After`` and the
+  client asks another holder.
+- Bearer token, JSON errors and body limits come from ``ringseed.web``.
+- Test-only fault injection: with ``corrupt_uploads`` (env ``RINGSEED_FAULT_CORRUPT_UPLOADS=1``
+  on the agent) every served chunk has one byte flipped, so tests can run a real lying peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Protocol
+
+from aiohttp import web as aioweb
+
+from ringseed import web
+from ringseed.agent import cache, store
+
+
+class ChunkSource(Protocol):
+    """What the server needs from the agent."""
+
+    held: dict[int, str]
+    memory: cache.MemoryTier
+    store: store.Store
+    active_uploads: int
+    uploaded_bytes: int
+
+
+def create_app(
+    *,
+    token: str,
+    source: ChunkSource,
+    max_uploads: int,
+    metrics: web.Metrics,
+    refresh_metrics: Callable[[], None],
+    corrupt_uploads: bool = False,
+) -> aioweb.Application:
+    app = web.make_app(token=token, max_body_bytes=64 << 10)
+    app.router.add_get("/metrics", metrics.handler(refresh_metrics))
+    server = _ChunkServer(source, max_uploads=max_uploads, corrupt=corrupt_uploads)
+    app.router.add_get("/v1/chunks/{index}", server.get_chunk)
+    return app
+
+
+class _ChunkServer:
+    def __init__(self, source: ChunkSource, *, max_uploads: int, corrupt: bool) -> None:
+        self.source = source
+        self.max_uploads = max_uploads
+        self.corrupt = corrupt
+
+    async def get_chunk(self, request: aioweb.Request) -> aioweb.StreamResponse:
+        try:
+            index = int(request.match_info["index"])
+        except ValueError as exc:
+            raise web.problem(400, "bad_index", "chunk index must be an integer") from exc
+        if index not in self.source.held:
+            raise web.problem(404, "not_held", f"chunk {index} is not held (verified) here")
+        if self.source.active_uploads >= self.max_uploads:
+            raise aioweb.HTTPTooManyRequests(
+                headers={"Retry-After": "1"},
+                text='{"error": "busy", "reason": "upload slots are full; ask another holder"}',
+                content_type="application/json",
+            )
+        self.source.active_uploads += 1
+        try:
+            return await self._send(request, index)
+        finally:
+            self.source.active_uploads -= 1
+
+    async def _send(self, request: aioweb.Request, index: int) -> aioweb.StreamResponse:
+        data = self.source.memory.get(index)
+        if self.corrupt:
+            raw = bytearray(data if data is not None else await asyncio.to_thread(self.source.store.read_chunk, index))
+            raw[len(raw) // 2] ^= 0xFF
+            data = raw
+        headers = {"X-Chunk-Sha256": self.source.held[index]}
+        if data is not None:
+            self.source.uploaded_bytes += len(data)
+            return aioweb.Response(body=data, content_type="application/octet-stream", headers=headers)
+        return await self._sendfile(request, index, headers)
+
+    async def _sendfile(self, request: aioweb.Request, index: int, headers: dict[str, str]) -> aioweb.StreamResponse:
+        slices = self.source.store.file_slices(index)
+        response = aioweb.StreamResponse(headers=headers)
+        response.content_type = "application/octet-stream"
+        response.content_length = sum(length for _, _, length in slices)
+        await response.prepare(request)
+        transport = request.transport
+        loop = asyncio.get_running_loop()
+        for path, offset, length in slices:
+            if transport is None or transport.is_closing():
+                raise ConnectionResetError("peer went away")
+            with open(path, "rb") as f:  # noqa: ASYNC230 - opening is cheap; the transfer is sendfile
+                await loop.sendfile(transport, f, offset, length)
+            self.source.uploaded_bytes += length
+        await response.write_eof()
+        return response

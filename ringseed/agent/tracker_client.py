@@ -1,0 +1,112 @@
+"""The agent's client of the tracker API (``ringseed/master/tracker.py`` documents the bodies).
+
+Rules:
+- Every call carries the group's bearer token and a timeout.
+- 404 ``unknown_node`` raises :class:`UnknownNode`: the master restarted or purged us; the agent
+  registers again and re-announces what it holds.
+- Connection errors, timeouts and 5xx raise :class:`Unavailable`: the caller retries later
+  (the master may be restarting); other 4xx raise :class:`Refused` with the master's reason.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+
+
+class TrackerClientError(Exception):
+    pass
+
+
+class UnknownNode(TrackerClientError):
+    pass
+
+
+class Unavailable(TrackerClientError):
+    pass
+
+
+class Refused(TrackerClientError):
+    def __init__(self, status: int, error: str, reason: str) -> None:
+        super().__init__(f"tracker refused ({status} {error}): {reason}")
+        self.status = status
+        self.error = error
+
+
+class TrackerClient:
+    """Thin JSON calls to the master; one shared ``aiohttp.ClientSession``."""
+
+    def __init__(self, *, base_url: str, token: str, node: str, session: aiohttp.ClientSession) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.node = node
+        self._session = session
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._timeout = aiohttp.ClientTimeout(total=10)
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None, **params: Any) -> Any:
+        try:
+            async with self._session.request(
+                method,
+                self.base_url + path,
+                json=body,
+                params=params or None,
+                headers=self._headers,
+                timeout=self._timeout,
+            ) as response:
+                text = await response.text()
+                status = response.status
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise Unavailable(f"tracker at {self.base_url} unreachable: {type(exc).__name__}: {exc}") from exc
+        return self._decode(status, text)
+
+    @staticmethod
+    def _decode(status: int, text: str) -> Any:
+        try:
+            data = json.loads(text) if text else {}
+        except json.JSONDecodeError:
+            data = {"error": "bad_response", "reason": text[:200]}
+        if status < 300:
+            return data
+        error = str(data.get("error", "")) if isinstance(data, dict) else ""
+        reason = str(data.get("reason", "")) if isinstance(data, dict) else ""
+        if status == 404 and error == "unknown_node":
+            raise UnknownNode(reason)
+        if status >= 500:
+            raise Unavailable(f"tracker error {status}: {reason}")
+        raise Refused(status, error, reason)
+
+    async def register(
+        self, *, url: str, session: str, chunks: dict[int, str], layout: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"node": self.node, "url": url, "session": session, "chunks": chunks}
+        if layout is not None:
+            body["layout"] = layout
+        result: dict[str, Any] = await self._call("POST", "/v1/register", body)
+        return result
+
+    async def heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call("POST", "/v1/heartbeat", dict(body, node=self.node))
+        return result
+
+    async def get_manifest(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call("GET", "/v1/manifest")
+        return result
+
+    async def put_manifest(self, *, layout: dict[str, Any], chunk_hashes: list[str] | None) -> None:
+        body: dict[str, Any] = {"node": self.node, "layout": layout}
+        if chunk_hashes is not None:
+            body["chunk_hashes"] = chunk_hashes
+        await self._call("PUT", "/v1/manifest", body)
+
+    async def claim_origin(self, count: int) -> list[int]:
+        result = await self._call("POST", "/v1/origin/claim", {"node": self.node, "count": count})
+        return [int(i) for i in result.get("chunks", [])]
+
+    async def peers(self, chunk: int) -> list[dict[str, Any]]:
+        result = await self._call("GET", "/v1/peers", chunk=chunk, node=self.node)
+        return list(result.get("peers", []))
+
+    async def report(self, *, peer: str, chunk: int) -> None:
+        await self._call("POST", "/v1/report", {"node": self.node, "peer": peer, "chunk": chunk})

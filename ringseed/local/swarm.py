@@ -1,0 +1,214 @@
+"""A cluster-free swarm on 127.0.0.1: one master (tracker) and N agents as separate OS processes.
+
+Owns the processes of ``ringseed local distribute`` and the hooks the process tests use: start,
+SIGKILL and restart single agents or the master, read ``/v1/status``, wait for completion and
+check every node's final copy against the manifest.
+
+Rules:
+- Every child runs ``python -m ringseed.cli ...`` in its own process group with its log in
+  ``<workdir>/logs/<name>.log``; :meth:`LocalSwarm.close` (also on error and Ctrl-C, through the
+  context manager) terminates every group, then kills what is left. Nothing outlives the swarm.
+- Node ``node-<i>`` keeps its data and cache under ``<workdir>/nodes/node-<i>/``, so a restarted
+  agent finds its staging and journal again. The model name is ``local/model``.
+- Only loopback; the token is random per swarm and passed through ``RINGSEED_TOKEN``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ringseed.protocol import manifest
+
+MODEL = ("local", "model")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class LocalSwarm:
+    """Master + agents as child processes; use as a context manager."""
+
+    def __init__(
+        self,
+        *,
+        source: str,
+        nodes: int,
+        workdir: Path,
+        chunk_size: int = 4 << 20,
+        origin_rate_limit: int | None = None,
+        memory_bytes: int = 64 << 20,
+        heartbeat_interval: float = 0.25,
+        offline_after: float = 5.0,
+        seeders: int = 1,
+        manifest_uri: str | None = None,
+    ) -> None:
+        self.source = source
+        self.names = [f"node-{i}" for i in range(nodes)]
+        self.workdir = workdir
+        self.chunk_size = chunk_size
+        self.origin_rate_limit = origin_rate_limit
+        self.memory_bytes = memory_bytes
+        self.heartbeat_interval = heartbeat_interval
+        self.offline_after = offline_after
+        self.seeders = seeders
+        self.manifest_uri = manifest_uri
+        self.token = secrets.token_hex(16)
+        self.master_port = free_port()
+        self.master_url = f"http://127.0.0.1:{self.master_port}"
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        (workdir / "logs").mkdir(parents=True, exist_ok=True)
+
+    def __enter__(self) -> LocalSwarm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- processes -----------------------------------------------------------------------
+
+    def _spawn(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
+        full_env = dict(os.environ, RINGSEED_TOKEN=self.token, **(env or {}))
+        with open(self.workdir / "logs" / f"{name}.log", "ab") as log:
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "ringseed.cli", *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                start_new_session=True,
+            )
+
+    def start(self) -> None:
+        self.start_master()
+        for name in self.names:
+            self.start_agent(name)
+
+    def start_master(self) -> None:
+        argv = ["master", "--role", "tracker", "--host", "127.0.0.1", "--port", str(self.master_port)]
+        argv += ["--offline-after", str(self.offline_after), "--heartbeat-interval", str(self.heartbeat_interval)]
+        argv += ["--seeders", str(self.seeders)]
+        self._spawn("master", argv)
+
+    def node_dir(self, name: str) -> Path:
+        return self.workdir / "nodes" / name
+
+    def model_dir(self, name: str) -> Path:
+        return self.node_dir(name) / "data" / MODEL[0] / MODEL[1]
+
+    def journal(self, name: str) -> Path:
+        return self.node_dir(name) / "cache" / MODEL[0] / MODEL[1] / "verified.journal"
+
+    def start_agent(self, name: str, *, env: Mapping[str, str] | None = None) -> None:
+        argv = ["agent", "--master-url", self.master_url, "--node-name", name, "--advertise-host", "127.0.0.1"]
+        argv += ["--host", "127.0.0.1", "--port", "0", "--source", self.source]
+        argv += ["--chunk-size", str(self.chunk_size), "--model-name", "/".join(MODEL)]
+        argv += ["--data-dir", str(self.node_dir(name) / "data"), "--cache-dir", str(self.node_dir(name) / "cache")]
+        argv += ["--memory-bytes", str(self.memory_bytes)]
+        if self.origin_rate_limit:
+            argv += ["--origin-rate-limit", str(self.origin_rate_limit)]
+        if self.manifest_uri:
+            argv += ["--manifest-uri", self.manifest_uri]
+        self._spawn(name, argv, env)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` (SIGKILL by default) to a child's process group and reap it."""
+        proc = self.procs.get(name)
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+    def close(self) -> None:
+        for name in list(self.procs):
+            proc = self.procs[name]
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for name in list(self.procs):
+            self.kill(name)
+
+    # -- observation -----------------------------------------------------------------------
+
+    def get(self, path: str, *, timeout: float = 5.0) -> Any:
+        """GET a master path as JSON; None while the master is unreachable."""
+        request = urllib.request.Request(self.master_url + path, headers={"Authorization": f"Bearer {self.token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return json.loads(response.read())
+        except (OSError, urllib.error.URLError, ValueError):
+            return None
+
+    def status(self) -> dict[str, Any] | None:
+        status: dict[str, Any] | None = self.get("/v1/status")
+        return status
+
+    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], *, timeout: float, what: str) -> dict[str, Any]:
+        """Poll the status until ``predicate`` holds; TimeoutError naming ``what`` otherwise."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.status()
+            if status is not None and predicate(status):
+                return status
+            self._check_alive()
+            time.sleep(0.2)
+        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}; last status: {self.status()}")
+
+    def _check_alive(self) -> None:
+        dead = [n for n, p in self.procs.items() if p.poll() not in (None, -signal.SIGKILL, -signal.SIGTERM)]
+        if dead:
+            raise RuntimeError(f"processes exited unexpectedly: {dead} (see {self.workdir / 'logs'})")
+
+    def all_verified(self, status: dict[str, Any], names: list[str] | None = None) -> bool:
+        nodes = status.get("nodes", {})
+        return all(nodes.get(n, {}).get("verified") for n in (names or self.names))
+
+    def manifest(self) -> manifest.Manifest | None:
+        published = self.get("/v1/manifest")
+        if not published or not published.get("layout") or None in published.get("chunk_hashes", [None]):
+            return None
+        layout = manifest.Layout.from_dict(published["layout"])
+        return manifest.Manifest(layout=layout, chunk_hashes=tuple(published["chunk_hashes"]))
+
+
+def verify_copy(model_dir: Path, expected: manifest.Manifest) -> dict[str, bool]:
+    """``complete``: the marker names the manifest; ``verified``: every chunk of the files hashes right."""
+    try:
+        marker = json.loads((model_dir / ".ringseed-complete").read_text())
+    except (OSError, ValueError):
+        return {"complete": False, "verified": False}
+    complete = isinstance(marker, dict) and marker.get("manifest_digest") == expected.digest
+    hasher = manifest.ChunkHasher(expected.layout.chunk_size)
+    try:
+        for entry in expected.layout.files:
+            path = model_dir / entry.path
+            if path.stat().st_size != entry.size:
+                return {"complete": complete, "verified": False}
+            with open(path, "rb") as f:
+                while block := f.read(4 << 20):
+                    hasher.update(block)
+    except OSError:
+        return {"complete": complete, "verified": False}
+    return {"complete": complete, "verified": complete and tuple(hasher.finish()) == expected.chunk_hashes}

@@ -9,7 +9,8 @@ Rules:
 - An origin object owns one rate limiter (``rate_limit`` bytes/s) that all its reads share.
 - Reads retry transient failures with backoff and resume; what reaches the caller is either
   exactly the bytes asked for or an :class:`OriginError` naming the URI and the problem.
-- ``read_chunk`` assembles chunk ``index`` of a layout from its file pieces (a few at a time).
+- ``read_chunk`` assembles chunk ``index`` of a layout from its file pieces (a few at a time),
+  straight into one buffer when the origin offers ``read_into`` (all built-in origins do).
 - ``fetch_manifest`` loads a published manifest (``source.manifestUri``) from any scheme and
   checks its digest; malformed content raises ``manifest.ManifestError``.
 - ``build_manifest`` reads the source once, in chunk order, holding at most two chunks.
@@ -62,14 +63,27 @@ async def read_chunk(origin: Origin, layout: manifest.Layout, index: int) -> byt
     out = bytearray(layout.chunk_length(index))
     gate = asyncio.Semaphore(PIECE_CONCURRENCY)
 
+    view = memoryview(out)
+
     async def fetch(piece: manifest.ChunkPiece) -> None:
+        target = view[piece.chunk_offset : piece.chunk_offset + piece.length]
         async with gate:
+            if isinstance(origin, base.ReadsInto):
+                await origin.read_into(piece.path, piece.file_offset, target)
+                return
             data = await origin.read(piece.path, piece.file_offset, piece.length)
         if len(data) != piece.length:
             raise OriginError(f"{origin.uri}: {piece.path!r} gave {len(data)} bytes, expected {piece.length}")
-        out[piece.chunk_offset : piece.chunk_offset + piece.length] = data
+        target[:] = data
 
-    await asyncio.gather(*(fetch(p) for p in layout.pieces(index)))
+    tasks = [asyncio.ensure_future(fetch(p)) for p in layout.pieces(index)]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     return bytes(out)
 
 

@@ -50,6 +50,15 @@ class Origin(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class ReadsInto(Protocol):
+    """An origin that can read straight into a caller's buffer (saves a copy per piece)."""
+
+    async def read_into(self, path: str, offset: int, view: memoryview) -> None:
+        """Fill ``view`` with ``len(view)`` bytes of ``path`` from ``offset``, or OriginError."""
+        ...
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How often and how long to wait between attempts: ``base * 2**(n-1)``, capped, jittered."""

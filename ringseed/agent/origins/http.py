@@ -96,3 +96,7 @@ class HTTPOrigin(httpclient.HTTPClient):
         if length == 0:
             return b""
         return await self.get_range(self.url_of(path), offset=offset, length=length)
+
+    async def read_into(self, path: str, offset: int, view: memoryview) -> None:
+        if len(view):
+            await self.get_range_into(self.url_of(path), offset=offset, view=view)

@@ -68,6 +68,15 @@ def check_content_range(value: str | None, *, url: str, start: int, end: int) ->
         raise base.OriginError(f"{url}: file has {total} bytes, the read needs {end}")
 
 
+class _RangeBroken(Exception):
+    """A transient failure in the middle of a range, with how far it got."""
+
+    def __init__(self, cause: BaseException, *, done: int) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.done = done
+
+
 class HTTPClient:
     """An aiohttp session with retries, resume and a rate limit; the base of HTTP-speaking origins."""
 
@@ -92,9 +101,9 @@ class HTTPClient:
         self._session: aiohttp.ClientSession | None = None
 
     @contextlib.asynccontextmanager
-    async def request(self, method: str, url: str, headers: dict[str, str] | None = None) -> AsyncIterator[
-        aiohttp.ClientResponse
-    ]:
+    async def request(
+        self, method: str, url: str, headers: dict[str, str] | None = None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
         """One signed request, URL sent as given."""
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout, auto_decompress=False)
@@ -154,36 +163,50 @@ class HTTPClient:
 
     async def get_range(self, url: str, *, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes from ``offset``, resuming after partial failures."""
-        buf = bytearray()
-        failures = 0
-        while len(buf) < length:
-            before = len(buf)
-            try:
-                await self._range_attempt(url, start=offset + before, end=offset + length, buf=buf)
-                if len(buf) < length:
-                    raise base.TransientError(f"{url}: body ended after {len(buf) - before} of {length - before} bytes")
-            except (base.TransientError, *_TRANSIENT_EXC) as exc:
-                failures = 1 if len(buf) > before else failures + 1
-                await self._wait(failures, exc, url)
+        buf = bytearray(length)
+        await self.get_range_into(url, offset=offset, view=memoryview(buf))
         return bytes(buf)
 
-    async def _range_attempt(self, url: str, *, start: int, end: int, buf: bytearray) -> None:
-        async with self.request("GET", url, {"Range": f"bytes={start}-{end - 1}"}) as resp:
-            await check_status(resp, url)
-            if resp.status == 206:
-                check_content_range(resp.headers.get("Content-Range"), url=url, start=start, end=end)
-            elif resp.status != 200 or start != 0:
-                raise base.OriginError(f"{url}: server answered {resp.status} to a Range request (Range is required)")
-            want = end - start
-            got = 0
-            async for data in resp.content.iter_chunked(_STEP):
-                take = min(len(data), want - got)
-                buf += data[:take]
-                got += take
-                self.bytes_read += len(data)
-                await self._limiter.acquire(len(data))
-                if got >= want:
-                    break
+    async def get_range_into(self, url: str, *, offset: int, view: memoryview) -> None:
+        """Fill ``view`` with the bytes from ``offset``, resuming after partial failures."""
+        length = len(view)
+        done = 0
+        failures = 0
+        while done < length:
+            before = done
+            try:
+                done = await self._range_attempt(url, start=offset, end=offset + length, view=view, done=done)
+                if done < length:
+                    short = base.TransientError(f"{url}: body ended after {done - before} of {length - before} bytes")
+                    raise _RangeBroken(short, done=done)
+            except _RangeBroken as broken:
+                done = broken.done
+                failures = 1 if done > before else failures + 1
+                await self._wait(failures, broken.cause, url)
+
+    async def _range_attempt(self, url: str, *, start: int, end: int, view: memoryview, done: int) -> int:
+        """One GET of ``[start + done, end)`` into ``view[done:]``; returns the new ``done``."""
+        first = start + done
+        try:
+            async with self.request("GET", url, {"Range": f"bytes={first}-{end - 1}"}) as resp:
+                await check_status(resp, url)
+                if resp.status == 206:
+                    check_content_range(resp.headers.get("Content-Range"), url=url, start=first, end=end)
+                elif resp.status != 200 or first != 0:
+                    raise base.OriginError(
+                        f"{url}: server answered {resp.status} to a Range request (Range is required)"
+                    )
+                async for data in resp.content.iter_chunked(_STEP):
+                    take = min(len(data), len(view) - done)
+                    view[done : done + take] = data[:take]
+                    done += take
+                    self.bytes_read += len(data)
+                    await self._limiter.acquire(len(data))
+                    if done >= len(view):
+                        break
+        except (base.TransientError, *_TRANSIENT_EXC) as exc:
+            raise _RangeBroken(exc, done=done) from exc
+        return done
 
     async def close(self) -> None:
         if self._session is not None:

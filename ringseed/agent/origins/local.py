@@ -93,26 +93,30 @@ class FileOrigin:
         return self._check(self._given / path, path)
 
     async def read(self, path: str, offset: int, length: int) -> bytes:
+        buf = bytearray(length)
+        await self.read_into(path, offset, memoryview(buf))
+        return bytes(buf)
+
+    async def read_into(self, path: str, offset: int, view: memoryview) -> None:
         try:
             target = self._resolve(path)
         except manifest.ManifestError as exc:
             raise base.OriginError(f"{self.uri}: {exc}") from exc
-        out = bytearray()
+        done = 0
         fd = await asyncio.to_thread(os.open, target, os.O_RDONLY)
         try:
-            while len(out) < length:
-                step = min(_READ_STEP, length - len(out))
-                data = await asyncio.to_thread(os.pread, fd, step, offset + len(out))
-                if not data:
+            while done < len(view):
+                step = view[done : done + _READ_STEP]
+                got = await asyncio.to_thread(os.preadv, fd, [step], offset + done)
+                if not got:
                     raise base.OriginError(
-                        f"{self.uri}: {path!r} ended at {offset + len(out)} bytes, needed {offset + length}"
+                        f"{self.uri}: {path!r} ended at {offset + done} bytes, needed {offset + len(view)}"
                     )
-                self.bytes_read += len(data)
-                out += data
-                await self._limiter.acquire(len(data))
+                self.bytes_read += got
+                done += got
+                await self._limiter.acquire(got)
         finally:
             os.close(fd)
-        return bytes(out)
 
     async def close(self) -> None:
         return None

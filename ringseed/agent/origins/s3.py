@@ -190,17 +190,24 @@ class S3Origin(httpclient.HTTPClient):
             out.append((rel, size, 0o644))
         return out
 
-    async def read(self, path: str, offset: int, length: int) -> bytes:
+    async def _key_of(self, path: str) -> str:
         await self._resolve()
         if self._single is not None:
             if path != self._single.rsplit("/", 1)[-1]:
                 raise base.OriginError(f"{self.uri}: no file {path!r} in this one-object source")
-            key = self._single
-        else:
-            try:
-                key = self._dir_prefix + manifest.validate_relpath(path)
-            except manifest.ManifestError as exc:
-                raise base.OriginError(f"{self.uri}: {exc}") from exc
+            return self._single
+        try:
+            return self._dir_prefix + manifest.validate_relpath(path)
+        except manifest.ManifestError as exc:
+            raise base.OriginError(f"{self.uri}: {exc}") from exc
+
+    async def read(self, path: str, offset: int, length: int) -> bytes:
+        key = await self._key_of(path)
         if length == 0:
             return b""
         return await self.get_range(self._object_url(key), offset=offset, length=length)
+
+    async def read_into(self, path: str, offset: int, view: memoryview) -> None:
+        key = await self._key_of(path)
+        if len(view):
+            await self.get_range_into(self._object_url(key), offset=offset, view=view)

@@ -46,6 +46,7 @@ class Fault(enum.Enum):
     RESET = "reset"  # headers and half the body, then a TCP reset
     TRUNCATE = "truncate"  # full Content-Length promised, half the body sent, connection closed
     SHORT_RANGE = "short"  # an honest 206 that covers only the first half of the asked range
+    STALL = "stall"  # half the body, then silence for ``stall_seconds`` (the client should time out)
 
 
 def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
@@ -69,8 +70,11 @@ def _index_of(root: Path) -> bytes:
 class FlakyHTTPOrigin:
     """An HTTP file server over ``root`` that misbehaves on cue (see module docstring)."""
 
-    def __init__(self, root: Path, *, faults: Iterable[Fault] = (), fault_index: bool = False) -> None:
+    def __init__(
+        self, root: Path, *, faults: Iterable[Fault] = (), fault_index: bool = False, stall_seconds: float = 10.0
+    ) -> None:
         self.root = Path(root)
+        self.stall_seconds = stall_seconds
         self.faults: collections.deque[Fault] = collections.deque(faults)
         self.fault_index = fault_index
         self.requests: list[tuple[str, str, str | None]] = []
@@ -78,6 +82,7 @@ class FlakyHTTPOrigin:
         self.bytes_sent = 0
         self.url = ""
         self._runner: web.AppRunner | None = None
+        self._closing: asyncio.Event | None = None
 
     def add_faults(self, *faults: Fault) -> None:
         self.faults.extend(faults)
@@ -85,7 +90,8 @@ class FlakyHTTPOrigin:
     async def __aenter__(self) -> FlakyHTTPOrigin:
         app = web.Application()
         app.router.add_route("*", "/{path:.*}", self._handle)
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        self._closing = asyncio.Event()
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
@@ -94,6 +100,8 @@ class FlakyHTTPOrigin:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._closing is not None:
+            self._closing.set()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -165,18 +173,22 @@ class FlakyHTTPOrigin:
         if request.method == "HEAD":
             return resp
         data = body[start:end]
-        if fault in (Fault.RESET, Fault.TRUNCATE):
-            return await self._break(request, resp, data[: len(data) // 2], reset=fault is Fault.RESET)
+        if fault in (Fault.RESET, Fault.TRUNCATE, Fault.STALL):
+            return await self._break(request, resp, data[: len(data) // 2], fault=fault)
         await resp.write(data)
         self.bytes_sent += len(data)
         await resp.write_eof()
         return resp
 
     async def _break(
-        self, request: web.Request, resp: web.StreamResponse, part: bytes, *, reset: bool
+        self, request: web.Request, resp: web.StreamResponse, part: bytes, *, fault: Fault
     ) -> web.StreamResponse:
         await resp.write(part)
         self.bytes_sent += len(part)
+        if fault is Fault.STALL and self._closing is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), self.stall_seconds)
+        reset = fault is Fault.RESET
         transport = request.transport
         if transport is not None:
             sock: socket.socket | None = transport.get_extra_info("socket")

@@ -86,6 +86,20 @@ async def test_faults_are_retried_to_identical_bytes_resuming_where_they_broke(
     assert starts == sorted(starts)
 
 
+async def test_a_stalled_body_times_out_and_resumes(http_root: Path, model: dict[str, bytes]) -> None:
+    data = model["weights/part-0.bin"]
+    async with servers.FlakyHTTPOrigin(http_root, faults=[Fault.STALL], stall_seconds=30) as srv:
+        origin = origins.open_origin(srv.url, read_timeout=0.5, retry_base_delay=0.001)
+        try:
+            started = time.monotonic()
+            assert await origin.read("weights/part-0.bin", 0, len(data)) == data
+            assert time.monotonic() - started < 20, "the stall was waited out instead of timed out"
+        finally:
+            await origin.close()
+    assert origin.retries == 1  # type: ignore[attr-defined]
+    assert origin.bytes_read == len(data)
+
+
 async def test_a_fault_on_the_index_is_retried_too(http_root: Path, model: dict[str, bytes]) -> None:
     async with servers.FlakyHTTPOrigin(http_root, faults=[Fault.RESET, Fault.ERROR_500], fault_index=True) as srv:
         origin = _open(srv.url)

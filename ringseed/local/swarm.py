@@ -172,11 +172,11 @@ class LocalSwarm:
             status = self.status()
             if status is not None and predicate(status):
                 return status
-            self._check_alive()
+            self.check_alive()
             time.sleep(0.2)
         raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}; last status: {self.status()}")
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
         dead = [n for n, p in self.procs.items() if p.poll() not in (None, -signal.SIGKILL, -signal.SIGTERM)]
         if dead:
             raise RuntimeError(f"processes exited unexpectedly: {dead} (see {self.workdir / 'logs'})")

@@ -1,0 +1,303 @@
+"""The simulated swarm: agents that choose chunks and peers with ringseed's own protocol code.
+
+Owns the agents' behaviour on top of :mod:`ringseed.sim.flow`. Rules:
+
+- Chunk choice is :func:`ringseed.protocol.choice.rarest_first` over the chunks a node may
+  fetch (held somewhere, not held, not in flight), then :func:`~ringseed.protocol.choice.endgame`
+  once every missing chunk is in flight; peer choice is
+  :func:`~ringseed.protocol.choice.least_loaded` over the chunk's holders, as the tracker's
+  ``peers`` does (load = uploads in progress, at most ``peer_limit`` offered). Above
+  ``holder_sample`` holders the offer is made from that many holders drawn at random (a
+  tracker answering 10,000 names per request would not be cheaper either).
+- Origin duty follows the tracker: the earliest registered live node pulls, in index order,
+  the chunks nobody holds, ``origin_slots`` at a time, each once while a copy lives inside.
+- A node re-plans when one of its downloads ends. A chunk whose offered holders are all busy
+  (the agent's 429) is left alone for ``retry_after`` x U(0.5, 1.5) seconds and the next
+  rarest is tried at once, as the agent's download loop does. A node with free slots and
+  nothing it may fetch ("starved") re-plans when some chunk gets its first copy, after
+  ``notify_delay`` (the agent's heartbeat/availability latency).
+- A failed node stops at once: its transfers are cut (receivers re-plan), its copies stop
+  counting; the tracker notices after ``offline_after`` and hands its origin duty on.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import time
+from collections.abc import Iterator
+
+from ringseed.protocol import choice
+from ringseed.sim import flow, scenario, state
+
+
+class Swarm:
+    """One run of a :class:`ringseed.sim.scenario.Scenario`."""
+
+    def __init__(self, config: scenario.Scenario) -> None:
+        self.config = config
+        self.agents = config.agents
+        self.rng = random.Random(config.seed)
+        count = config.simulated_chunks
+        sizes = [config.chunk_bytes] * count
+        if config.prefix_chunks is None or config.prefix_chunks >= config.chunks:
+            sizes[-1] = config.model_bytes - config.chunk_bytes * (count - 1)
+        self.sizes = sizes
+        self.nodes = config.nodes
+        self.origin = config.nodes  # the external source is endpoint N
+        up = [config.node_up] * config.nodes + [config.origin_rate]
+        down = [config.node_down] * config.nodes + [0.0]
+        self.net = flow.Network(up=up, down=down)
+        self.held = state.Holdings(nodes=config.nodes, chunks=count)
+        self.inflight: list[dict[int, list[flow.Transfer]]] = [{} for _ in range(config.nodes)]
+        self.starved = state.RandomSet()
+        self.backoff: list[dict[int, float]] = [{} for _ in range(config.nodes)]
+        self.done_at: list[float | None] = [None] * config.nodes
+        self.alive = [True] * config.nodes
+        self.duty: list[int] = [0] if config.nodes else []
+        self.assigned: dict[int, int] = {}
+        self.origin_bytes = 0
+        self._timers: list[tuple[float, int, str, int]] = []
+        self._seq = itertools.count()
+        self._woken: set[int] = set()
+        self.pending = config.nodes  # live nodes still missing chunks
+
+    # -- main loop -----------------------------------------------------------------------
+
+    def run(self) -> scenario.Result:
+        started = time.perf_counter()
+        self._schedule_failures()
+        self._origin_duty()
+        for node in range(self.nodes):
+            self._plan(node)
+        for _ in self._events():
+            if self._finished():
+                break
+        return self._result(time.perf_counter() - started)
+
+    def _events(self) -> Iterator[None]:
+        net, timers = self.net, self._timers
+        while True:
+            next_transfer = net.next_time()
+            next_timer = timers[0][0] if timers else float("inf")
+            if next_transfer == next_timer == float("inf"):
+                if not self._kick():
+                    return
+                continue
+            if next_timer <= next_transfer:
+                when, _, kind, node = heapq.heappop(timers)
+                net.advance(when)
+                self._timer(kind, node)
+            else:
+                self._completed(net.pop())
+            yield None
+
+    def _kick(self) -> bool:
+        """Nothing in flight and no timer: every waiting node looks again (ends a stall)."""
+        stuck = self.starved.drain()
+        for node in stuck:
+            self._plan(node)
+        return bool(stuck) and (self.net.next_time() < float("inf") or bool(self._timers))
+
+    def _finished(self) -> bool:
+        return self.pending == 0
+
+    def _at(self, when: float, kind: str, node: int) -> None:
+        heapq.heappush(self._timers, (when, next(self._seq), kind, node))
+
+    def _timer(self, kind: str, node: int) -> None:
+        if kind == "plan":
+            self._woken.discard(node)
+            self._plan(node)
+        elif kind == "fail":
+            self._fail(node)
+        elif kind == "purge":
+            self._purge(node)
+
+    # -- transfers -----------------------------------------------------------------------
+
+    def _completed(self, transfer: flow.Transfer) -> None:
+        node, chunk = transfer.receiver, transfer.chunk
+        if transfer.sender == self.origin:
+            self.assigned.pop(chunk, None)
+        for other in self.inflight[node].pop(chunk, []):
+            self.net.cancel(other)
+        first = False
+        if not self.held.has(node, chunk):
+            self.backoff[node].pop(chunk, None)
+            first = self.held.add(node, chunk)
+            if self.held.complete(node):
+                self.done_at[node] = self.net.now
+                self.pending -= 1
+        if node in self.duty:
+            self._origin_duty()
+        self._plan(node)
+        if first:
+            self._wake(self.starved.drain())
+
+    def _start(self, *, sender: int, node: int, chunk: int) -> None:
+        transfer = self.net.start(sender=sender, receiver=node, chunk=chunk, size=self.sizes[chunk])
+        self.inflight[node].setdefault(chunk, []).append(transfer)
+        if sender == self.origin:
+            self.origin_bytes += self.sizes[chunk]
+
+    def _wake(self, nodes: list[int]) -> None:
+        when = self.net.now + self.agents.notify_delay
+        for node in nodes:
+            if node not in self._woken:
+                self._woken.add(node)
+                self._at(when, "plan", node)
+
+    # -- an agent's decisions ------------------------------------------------------------
+
+    def _plan(self, node: int) -> None:
+        """The agent's download loop: rarest first; a chunk whose holders are all busy backs off."""
+        if not self.alive[node] or self.done_at[node] is not None:
+            return
+        free = self.agents.download_slots - len(self.net.downloads[node])
+        if free <= 0:
+            return
+        now, backoff = self.net.now, self.backoff[node]
+        candidates = [c for c in self.held.candidates(node, busy=self.inflight[node]) if backoff.get(c, 0.0) <= now]
+        while free and candidates:
+            picks = choice.rarest_first(candidates=candidates, availability=self.held.avail, count=free, rng=self.rng)
+            if not picks:
+                break
+            for chunk in picks:
+                if self._fetch(node, chunk, avoid=()):
+                    free -= 1
+                else:
+                    backoff[chunk] = now + self.agents.retry_after * self.rng.uniform(0.5, 1.5)
+            tried = set(picks)
+            candidates = [c for c in candidates if c not in tried]
+        if free:
+            free -= self._endgame(node, free)
+        self._park(node, free)
+
+    def _park(self, node: int, free: int) -> None:
+        """A node with free slots waits: for a back-off to expire, or for a chunk's first copy."""
+        self.starved.discard(node)
+        if not free:
+            return
+        backoff, now = self.backoff[node], self.net.now
+        for chunk in [c for c, t in backoff.items() if t <= now]:
+            del backoff[chunk]
+        if backoff:
+            if node not in self._woken:
+                self._woken.add(node)
+                self._at(min(backoff.values()), "plan", node)
+        elif self.held.count[node] + len(self.inflight[node]) < len(self.sizes):
+            self.starved.add(node)
+
+    def _fetch(self, node: int, chunk: int, *, avoid: tuple[str, ...]) -> bool:
+        offered = self._peers(node, chunk, avoid=avoid)
+        for holder in offered:
+            sender = int(holder.name)
+            if len(self.net.uploads[sender]) < self.agents.upload_slots:
+                self._start(sender=sender, node=node, chunk=chunk)
+                return True
+        return False
+
+    def _peers(self, node: int, chunk: int, *, avoid: tuple[str, ...]) -> list[choice.Holder]:
+        """What the tracker's ``peers`` offers: least-loaded live holders, at most ``peer_limit``."""
+        names = self.held.sample_holders(chunk, limit=self.agents.holder_sample, alive=self.alive, rng=self.rng)
+        uploads, slots = self.net.uploads, self.agents.upload_slots
+        if all(len(uploads[h]) >= slots for h in names):
+            return []  # every offered holder would answer 429: skip building the offer
+        holders = [choice.Holder(name=str(h), url="", load=len(uploads[h])) for h in names if h != node]
+        return choice.least_loaded(holders, avoid=avoid, rng=self.rng)[: self.agents.peer_limit]
+
+    def _endgame(self, node: int, free: int) -> int:
+        flying = self.inflight[node]
+        missing = len(self.sizes) - self.held.count[node]
+        if not flying or missing != len(flying):
+            return 0
+        counts = {chunk: len(transfers) for chunk, transfers in flying.items()}
+        started = 0
+        for chunk in choice.endgame(missing=list(flying), in_flight=counts, free_slots=free):
+            avoid = tuple(str(t.sender) for t in flying[chunk])
+            started += self._fetch(node, chunk, avoid=avoid)
+        return started
+
+    # -- origin duty and failures --------------------------------------------------------
+
+    def _origin_duty(self) -> None:
+        for node in self.duty:
+            pulling = sum(1 for t in self.net.downloads[node] if t.sender == self.origin)
+            want = self.agents.origin_slots - pulling
+            for chunk in self.held.unheld(want, skip=self.assigned):
+                self.assigned[chunk] = node
+                self._start(sender=self.origin, node=node, chunk=chunk)
+
+    def fail_at(self, *, node: int, when: float) -> None:
+        """Make ``node`` fail at time ``when`` (on top of the scenario's random failures)."""
+        self._at(when, "fail", node)
+
+    def _schedule_failures(self) -> None:
+        count = self.config.failures
+        if not count:
+            return
+        low, high = self.config.fail_window
+        horizon = scenario.bound(self.config)
+        for node in self.rng.sample(range(self.nodes), count):
+            self.fail_at(node=node, when=horizon * self.rng.uniform(low, high))
+
+    def _fail(self, node: int) -> None:
+        self.alive[node] = False
+        if self.done_at[node] is None:
+            self.pending -= 1
+        self.starved.discard(node)
+        self.held.drop(node)
+        cut = self.net.uploads[node] + self.net.downloads[node]
+        for transfer in cut:
+            self.net.cancel(transfer)
+            self._forget(transfer)
+        for transfer in cut:
+            if transfer.receiver != node and transfer.receiver != self.origin:
+                self._plan(transfer.receiver)
+        self._at(self.net.now + self.agents.offline_after, "purge", node)
+
+    def _forget(self, transfer: flow.Transfer) -> None:
+        if transfer.receiver >= self.nodes:
+            return
+        flying = self.inflight[transfer.receiver]
+        left = [t for t in flying.get(transfer.chunk, []) if t is not transfer]
+        if left:
+            flying[transfer.chunk] = left
+        else:
+            flying.pop(transfer.chunk, None)
+
+    def _purge(self, node: int) -> None:
+        """The tracker drops the silent node: its origin assignments and duty move on."""
+        self.assigned = {c: n for c, n in self.assigned.items() if n != node}
+        if node in self.duty:
+            self.duty.remove(node)
+            heir = next((n for n in range(self.nodes) if self.alive[n] and n not in self.duty), None)
+            if heir is not None:
+                self.duty.append(heir)
+        self._origin_duty()
+
+    def _result(self, wall: float) -> scenario.Result:
+        config = self.config
+        finish = [t for t, ok in zip(self.done_at, self.alive, strict=True) if ok and t is not None]
+        seconds = max(finish) if finish else float("inf")
+        extra = config.chunks - config.simulated_chunks
+        tail = extra * config.chunk_bytes / config.origin_rate if extra > 0 else 0.0
+        finish.sort()
+        return scenario.Result(
+            scenario=config,
+            seconds=seconds + tail,
+            bound=scenario.bound(config),
+            origin_bytes=self.origin_bytes + extra * config.chunk_bytes,
+            completed=len(finish),
+            failed=self.nodes - sum(self.alive),
+            transfers=self.net.started,
+            wall_seconds=wall,
+            p50_seconds=(finish[len(finish) // 2] + tail) if finish else float("inf"),
+        )
+
+
+def simulate(config: scenario.Scenario) -> scenario.Result:
+    """Run one scenario to the end (every live node holds every chunk)."""
+    return Swarm(config).run()

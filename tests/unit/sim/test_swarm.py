@@ -1,0 +1,76 @@
+"""The simulated swarm: everyone ends with the whole model, never faster than the bound, failures survived."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ringseed.sim import scenario, swarm
+
+MB = 10**6
+
+
+def small(**overrides: object) -> scenario.Scenario:
+    values: dict[str, object] = {
+        "model_bytes": 64 * MB,
+        "chunk_bytes": 4 * MB,
+        "nodes": 12,
+        "origin_rate": 10 * MB,
+        "node_up": 100 * MB,
+        "node_down": 100 * MB,
+    }
+    values.update(overrides)
+    return scenario.Scenario(**values)  # type: ignore[arg-type]
+
+
+def test_bound_matches_the_classic_estimate() -> None:
+    bound = scenario.t_star(
+        model_bytes=500 * 10**9, chunk_bytes=10**9, nodes=1000, origin_rate=1.25e9, node_rate=1.25e9
+    )
+    assert bound == pytest.approx(408.0)
+
+
+def test_every_node_gets_every_chunk_and_the_origin_sends_the_model_once() -> None:
+    sw = swarm.Swarm(small())
+    result = sw.run()
+    assert result.completed == 12
+    assert all(sw.held.complete(node) for node in range(12))
+    assert result.origin_bytes == 64 * MB
+    assert result.seconds >= result.bound * (1 - 1e-9)
+
+
+def test_with_node_links_ten_times_the_origin_it_stays_near_the_bound() -> None:
+    result = swarm.simulate(small(nodes=16))
+    assert result.ratio < 1.3
+
+
+def test_same_seed_same_run() -> None:
+    first = swarm.simulate(small(seed=7))
+    second = swarm.simulate(small(seed=7))
+    assert (first.seconds, first.transfers) == (second.seconds, second.transfers)
+
+
+def test_failed_nodes_are_left_out_and_survivors_finish() -> None:
+    result = swarm.simulate(small(nodes=40, fail_fraction=0.1))
+    assert result.failed == 4
+    assert result.completed == 36
+    assert math.isfinite(result.seconds)
+
+
+def test_origin_duty_moves_when_the_seeder_dies() -> None:
+    sw = swarm.Swarm(small(agents=scenario.Agents(offline_after=0.5)))
+    sw.fail_at(node=0, when=2.0)  # node 0 is the first registered: it holds origin duty
+    result = sw.run()
+    assert result.failed == 1
+    assert result.completed == 11
+    assert sw.duty and sw.duty[0] != 0
+    assert result.origin_bytes >= 64 * MB
+
+
+def test_prefix_approximation_is_stated_and_close_to_the_full_run() -> None:
+    full = swarm.simulate(small(model_bytes=160 * MB))
+    approx_config = small(model_bytes=160 * MB, prefix_chunks=16)
+    approx = swarm.simulate(approx_config)
+    assert "approx" in scenario.describe(approx_config)
+    assert approx.seconds == pytest.approx(full.seconds, rel=0.1)

@@ -1,0 +1,67 @@
+"""A lying peer, a misbehaving HTTP origin and an S3 origin, end to end through agent processes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ringseed.local import swarm
+from tests.component.distribution.conftest import MiB, assert_copies, make_model, odd_sizes, source_manifest
+from tests.component.origins import servers
+
+
+def test_peer_serving_corrupted_bytes_is_detected_and_avoided(
+    tmp_path: Path, swarm_factory: Callable[..., swarm.LocalSwarm]
+) -> None:
+    root = make_model(tmp_path / "model", odd_sizes(32))
+    expected = source_manifest(root, chunk_size=MiB)
+    local = swarm_factory(source=root.as_uri(), nodes=5, chunk_size=MiB, origin_rate_limit=8 * MiB)
+    local.start_master()
+    local.start_agent("node-0")  # first to register: it takes origin duty, the liar must not
+    local.wait_for(lambda s: s["origin_duty"] == ["node-0"], timeout=60, what="node-0 on origin duty")
+    liar = "node-4"
+    for name in local.names[1:]:
+        local.start_agent(name, env={"RINGSEED_FAULT_CORRUPT_UPLOADS": "1"} if name == liar else None)
+    status = local.wait_for(local.all_verified, timeout=120, what="all verified")
+    assert status["nodes"][liar]["penalised"] is True
+    assert not any(e["penalised"] for n, e in status["nodes"].items() if n != liar)
+    assert_copies(local, expected)  # no node's final model holds the corrupted bytes
+
+
+def test_http_origin_with_500s_resets_and_truncated_bodies(
+    tmp_path: Path, swarm_factory: Callable[..., swarm.LocalSwarm]
+) -> None:
+    root = make_model(tmp_path / "model", odd_sizes(8, files=3))
+    expected = source_manifest(root, chunk_size=MiB)
+    faults = [servers.Fault.ERROR_500, servers.Fault.RESET, servers.Fault.TRUNCATE, servers.Fault.ERROR_503]
+    origin = servers.FlakyHTTPOrigin(root, faults=faults * 2)
+    with origin.in_thread() as url:
+        local = swarm_factory(source=url, nodes=3, chunk_size=MiB)
+        local.start()
+        local.wait_for(local.all_verified, timeout=120, what="all verified despite origin faults")
+    assert origin.injected == faults * 2
+    assert_copies(local, expected)
+
+
+@pytest.fixture
+def moto_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    with servers.moto_s3() as endpoint:
+        for name in ("AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in servers.s3_env(endpoint).items():
+            monkeypatch.setenv(name, value)  # the agent processes inherit it
+        yield endpoint
+
+
+def test_s3_origin_on_moto(tmp_path: Path, moto_env: str, swarm_factory: Callable[..., swarm.LocalSwarm]) -> None:
+    root = make_model(tmp_path / "model", odd_sizes(8, files=3))
+    expected = source_manifest(root, chunk_size=MiB)
+    objects = {f"models/m1/{p.relative_to(root).as_posix()}": p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    servers.put_objects(moto_env, "weights", objects)
+    local = swarm_factory(source="s3://weights/models/m1/", nodes=3, chunk_size=MiB)
+    local.start()
+    status = local.wait_for(local.all_verified, timeout=120, what="all verified from S3")
+    assert status["manifest_digest"] == expected.digest
+    assert_copies(local, expected)

@@ -1,0 +1,217 @@
+"""The manifests users apply: CRDs, the Helm chart's output and the examples.
+
+Checked offline (no sockets): Kubernetes 1.35 schemas in strict mode (kubernetes-validate), the
+chart with the helm binary from hack/install-helm.sh (skipped with a reason when it is absent),
+and the examples against the CRDs' openAPIV3Schema (jsonschema; x-kubernetes-* keywords are
+ignored there, the API server enforces them).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped,unused-ignore]
+import kubernetes_validate
+import pytest
+import yaml
+
+from ringseed.api import constants, validation
+from ringseed.operator import builders, config
+
+REPO = Path(__file__).resolve().parents[3]
+CHART = REPO / "charts" / "ringseed"
+HELM = shutil.which("helm", path=str(REPO / ".tools" / "bin")) or shutil.which("helm")
+needs_helm = pytest.mark.skipif(HELM is None, reason="helm binary absent (run hack/install-helm.sh)")
+KUBERNETES = "1.35.0"
+
+
+def crd(plural: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((REPO / "crds" / f"ringseed.io_{plural}.yaml").read_text())
+    return loaded
+
+
+def schema_of(plural: str) -> dict[str, Any]:
+    schema: dict[str, Any] = crd(plural)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def helm(*args: str) -> str:
+    assert HELM is not None
+    result = subprocess.run([HELM, *args], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr + result.stdout
+    return result.stdout
+
+
+def render(*sets: str) -> list[dict[str, Any]]:
+    flags = [arg for item in sets for arg in ("--set", item)]
+    text = helm("template", "rs", str(CHART), "--namespace", "ringseed-system", *flags)
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def examples() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (path.name, doc)
+        for path in sorted((REPO / "examples").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
+
+
+@pytest.mark.parametrize("plural", [constants.MD_PLURAL, constants.TG_PLURAL])
+def test_crds_are_valid_custom_resource_definitions(plural: str) -> None:
+    definition = crd(plural)
+    kubernetes_validate.validate(definition, KUBERNETES, strict=True)
+    version = definition["spec"]["versions"][0]
+    assert (definition["spec"]["group"], version["name"]) == (constants.GROUP, constants.VERSION)
+    assert version["subresources"] == {"status": {}}
+    assert definition["spec"]["names"]["categories"] == [constants.CATEGORY]
+
+
+def test_crds_state_the_enums_and_bounds_the_code_uses() -> None:
+    md, tg = schema_of(constants.MD_PLURAL)["properties"], schema_of(constants.TG_PLURAL)["properties"]
+    assert tuple(md["status"]["properties"]["phase"]["enum"]) == constants.MD_PHASES
+    assert tuple(tg["status"]["properties"]["phase"]["enum"]) == constants.TG_PHASES
+    assert tuple(md["spec"]["properties"]["retainPolicy"]["enum"]) == constants.RETAIN_POLICIES
+    assert (
+        tuple(tg["spec"]["properties"]["collective"]["properties"]["quantization"]["enum"]) == constants.QUANTIZATIONS
+    )
+    chunk = md["spec"]["properties"]["chunkSize"]
+    assert (chunk["minimum"], chunk["maximum"]) == (constants.MIN_CHUNK_SIZE, constants.MAX_CHUNK_SIZE)
+    seeders = md["spec"]["properties"]["seeders"]
+    assert (seeders["minimum"], seeders["maximum"]) == (constants.MIN_SEEDERS, constants.MAX_SEEDERS)
+
+
+def test_printer_columns_show_what_kubectl_get_promises() -> None:
+    def columns(plural: str) -> list[str]:
+        return [c["name"] for c in crd(plural)["spec"]["versions"][0]["additionalPrinterColumns"]]
+
+    assert columns(constants.MD_PLURAL) == ["Phase", "Ready", "Total", "Percent", "Throughput", "ETA", "Age"]
+    assert columns(constants.TG_PLURAL) == ["Phase", "Peers", "World", "Age"]
+
+
+@pytest.mark.parametrize(("name", "doc"), examples(), ids=lambda v: v if isinstance(v, str) else "")
+def test_examples_parse_and_conform_to_the_crd_schema(name: str, doc: dict[str, Any]) -> None:
+    if doc["kind"] == constants.MD_KIND:
+        spec = validation.parse_model_distribution(
+            doc["spec"], name=doc["metadata"]["name"], data_root=constants.DEFAULT_DATA_ROOT
+        )
+        children = builders.md_children(body=doc, spec=spec, config=config.OperatorConfig())
+        jsonschema.Draft7Validator(schema_of(constants.MD_PLURAL)).validate(doc)
+    elif doc["kind"] == constants.TG_KIND:
+        tg_spec = validation.parse_training_group(doc["spec"], name=doc["metadata"]["name"])
+        children = builders.tg_children(body=doc, spec=tg_spec, config=config.OperatorConfig(), model=None)
+        jsonschema.Draft7Validator(schema_of(constants.TG_PLURAL)).validate(doc)
+    else:
+        children = [doc]
+    for child in children:
+        kubernetes_validate.validate(child, KUBERNETES, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("spec", "seeders"), 65),
+        (("spec", "chunkSize"), "64MB"),
+        (("spec", "chunkSize"), 1024),
+        (("spec", "retainPolicy"), "Keep"),
+        (("spec", "source", "uri"), "ftp://x/y"),
+    ],
+)
+def test_crd_schema_rejects_what_validation_rejects(path: tuple[str, ...], value: object) -> None:
+    doc = copy.deepcopy(dict(examples())["modeldistribution-http.yaml"])
+    target = doc
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft7Validator(schema_of(constants.MD_PLURAL)).validate(doc)
+    with pytest.raises(validation.SpecError):
+        validation.parse_model_distribution(doc["spec"])
+
+
+@needs_helm
+def test_helm_lint_strict_passes() -> None:
+    helm("lint", "--strict", str(CHART))
+
+
+@needs_helm
+@pytest.mark.parametrize(
+    "sets",
+    [
+        (),
+        ("crds.enabled=false",),
+        ("crds.keep=false", "operator.watchNamespaces={ml,research}", "imagePullSecrets={regcred}"),
+        ("operator.serviceAccount.create=false", "operator.serviceAccount.name=existing", "image.tag=dev"),
+    ],
+)
+def test_rendered_chart_validates_strictly(sets: tuple[str, ...]) -> None:
+    docs = render(*sets)
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+    kinds = sorted(doc["kind"] for doc in docs)
+    assert kinds.count("Deployment") == 1
+    assert kinds.count("CustomResourceDefinition") == (0 if "crds.enabled=false" in sets else 2)
+    assert kinds.count("ServiceAccount") == (0 if "operator.serviceAccount.create=false" in sets else 1)
+
+
+@needs_helm
+def test_chart_crds_equal_the_source_crds() -> None:
+    rendered = {doc["metadata"]["name"]: doc for doc in render() if doc["kind"] == "CustomResourceDefinition"}
+    for plural in (constants.MD_PLURAL, constants.TG_PLURAL):
+        source = crd(plural)
+        chart = rendered[source["metadata"]["name"]]
+        assert chart["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        chart["metadata"] = {"name": chart["metadata"]["name"]}
+        assert chart == source
+    unkept = [doc for doc in render("crds.keep=false") if doc["kind"] == "CustomResourceDefinition"]
+    assert all("annotations" not in doc["metadata"] for doc in unkept)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("diff") is None, reason="bash or diff absent")
+def test_verify_crds_script_accepts_the_committed_chart() -> None:
+    result = subprocess.run(
+        ["bash", str(REPO / "hack" / "verify-crds.sh")], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr + result.stdout
+
+
+@needs_helm
+def test_operator_reads_the_settings_the_chart_renders() -> None:
+    docs = render("agent.dataRoot=/srv/ringseed", "agent.memoryBytes=2Gi", "operator.watchNamespaces={ml}")
+    (configmap,) = [doc for doc in docs if doc["kind"] == "ConfigMap"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    cfg = config.OperatorConfig.from_env(configmap["data"])
+    assert cfg.image == f"ghcr.io/ringseed/ringseed:{chart['appVersion']}"
+    assert (cfg.data_root, cfg.agent_memory_bytes, cfg.watch_namespaces) == ("/srv/ringseed", 2 << 30, ("ml",))
+    assert cfg.agent_resources == yaml.safe_load((CHART / "values.yaml").read_text())["agent"]["resources"]
+    (deployment,) = [doc for doc in docs if doc["kind"] == "Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["envFrom"] == [{"configMapRef": {"name": configmap["metadata"]["name"]}}]
+    assert container["command"][:2] == ["ringseed", "operator"]
+
+
+@needs_helm
+def test_config_checksum_restarts_the_operator_when_settings_change() -> None:
+    def checksum(*sets: str) -> str:
+        (deployment,) = [doc for doc in render(*sets) if doc["kind"] == "Deployment"]
+        value: str = deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        return value
+
+    assert checksum() == checksum()
+    assert checksum() != checksum("master.heartbeatSeconds=5")
+
+
+@needs_helm
+def test_values_schema_rejects_a_bad_value() -> None:
+    assert HELM is not None
+    result = subprocess.run(
+        [HELM, "template", "rs", str(CHART), "--set", "image.pullPolicy=Sometimes"],
+        capture_output=True, text=True, timeout=60, check=False, env={**os.environ},
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "pullPolicy" in result.stderr

@@ -127,7 +127,7 @@ def create_app(*, token: str, heartbeat_interval: float, heartbeat_timeout: floa
 
 
 async def _detector(coordinator: Coordinator) -> None:
-    period = min(coordinator.interval / 2, coordinator.timeout / 10, 0.25)
+    period = min(coordinator.interval / 2, coordinator.timeout / 20, 0.05)
     while True:
         await asyncio.sleep(period)
         coordinator.expire()

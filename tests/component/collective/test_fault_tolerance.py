@@ -28,3 +28,57 @@ def test_sigkill_mid_all_reduce_recovers_with_the_survivors(ringseed_cmd: list[s
     # recovery: the failure detector's timeout plus a little (generous for loaded machines)
     assert summary["recovery_seconds"] <= timeout + 3.0
     assert summary["ok"] is True
+
+
+def test_hung_peer_is_dropped_by_the_heartbeat_timeout_not_a_socket_timeout() -> None:
+    """A peer that stops (sockets stay open, no heartbeat) mid-operation: the failure detector
+    removes it, the abort is pushed to the survivors, who restore and retry without it."""
+    import threading
+    import time
+
+    import numpy as np
+
+    from ringseed.collective import control, engine, retry
+    from tests.component.collective import coordinator_helpers as h
+
+    interval, timeout = 0.2, 1.5
+    with h.running_coordinator(min_peers=3, interval=interval, timeout=timeout) as url:
+        ghost_engine = engine.RingEngine(peer_id="ghost", token=h.TOKEN, io_timeout=30.0)
+        address = ghost_engine.start()
+        ghost = control.Client(url=url, token=h.TOKEN)
+        ghost.call("POST", "/v1/join", {"peer_id": "ghost", "host": address.host, "port": address.port})
+        comms = [h.make_peer(url, f"p{i}") for i in range(2)]
+        try:
+            h.on_each(comms, lambda i, c: c.connect(timeout=30))
+
+            def ghost_begins_then_hangs() -> None:  # votes, joins the ring, then never sends a byte
+                begun = ghost.round("/v1/collective/begin", peer_id="ghost", payload={"op": "all_reduce",
+                                                                                      "nbytes": 4096 * 8})
+                ring = [engine.PeerAddress(**a) for a in begun["ring"]]
+                ghost_engine.set_ring(ring, epoch=begun["epoch"], timeout=10)
+
+            ghost.call("POST", "/v1/heartbeat", {"peer_id": "ghost", "abort_seq": 0})
+            hang = threading.Thread(target=ghost_begins_then_hangs, daemon=True)
+            hang.start()
+            arrays = [np.arange(4096, dtype=np.float64) * (i + 1) for i in range(2)]
+            before = [a.copy() for a in arrays]
+            start = time.monotonic()
+            works = [c.all_reduce(a) for c, a in zip(comms, arrays, strict=True)]
+            for w in works:
+                try:
+                    w.wait(30)
+                    raise AssertionError("the operation completed although a peer hung")
+                except engine.CollectiveAborted:
+                    pass
+            took = time.monotonic() - start
+            assert took <= timeout + 2.0  # far below the 30 s socket timeout
+            assert all(a.tobytes() == b.tobytes() for a, b in zip(arrays, before, strict=True))
+            worlds = h.on_each(comms, lambda i, c: retry.all_reduce_with_retry(c, arrays[i]))
+            assert worlds == [2, 2]
+            for a in arrays:
+                np.testing.assert_array_equal(a, before[0] + before[1])
+            hang.join(10)
+        finally:
+            for c in comms:
+                c.close()
+            ghost_engine.close()

@@ -3,8 +3,10 @@ and against Kubernetes 1.35's schemas (strict)."""
 
 from __future__ import annotations
 
+import argparse
 import base64
 import copy
+import importlib
 import re
 from typing import Any
 
@@ -379,3 +381,30 @@ def test_too_long_resource_name_is_a_spec_error_from_the_builders() -> None:
     with pytest.raises(validation.SpecError) as info:
         builders.md_children(body=body, spec=md(), config=CFG)
     assert info.value.field == "metadata.name"
+
+
+@pytest.mark.parametrize("module", ["ringseed.master.command", "ringseed.agent.command"])
+def test_built_command_lines_parse_with_the_real_commands(module: str) -> None:
+    """The contract's command lines: what the builders write is what ``ringseed master|agent`` accept."""
+    command_module = importlib.import_module(module)
+    spec = md(cache={"ssdPath": "/data/ringseed/nvme", "ssdBytes": "1Ti", "memoryBytes": "1Gi"}, originRateLimit="1Gi")
+    pods = [
+        *builders.md_children(body=MD_BODY, spec=spec, config=CFG),
+        *builders.tg_children(body=TG_BODY, spec=tg(collective={"optimizeTopology": True}), config=CFG, model=spec),
+    ]
+    commands = [
+        container["command"]
+        for obj in pods
+        if obj["kind"] in ("Deployment", "DaemonSet")
+        for container in obj["spec"]["template"]["spec"]["containers"]
+        if container.get("command", [])[:2] == ["ringseed", module.split(".")[1]]
+    ]
+    assert commands
+    for command in commands:
+        parser = argparse.ArgumentParser()
+        command_module.configure(parser)
+        args = parser.parse_args(
+            [arg.replace("$(NODE_NAME)", "node-a").replace("$(POD_IP)", "10.0.0.7") for arg in command[2:]]
+        )
+        assert args.port in (8470, 8471)
+        assert args.token_file == "/etc/ringseed/token"

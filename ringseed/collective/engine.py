@@ -172,19 +172,27 @@ class RingEngine:
 
     def reduce_scatter(self, array: np.ndarray, out: np.ndarray, *, op: ops.ReduceOp, tag: int,
                        bfloat16: bool = False) -> None:
-        """``array`` (world * n elements) is reduced and block ``rank`` is written to ``out`` (n elements).
+        self.reduce_scatter_async(array, out, op=op, tag=tag, bfloat16=bfloat16).result()
 
-        ``array`` is used as scratch space and is left partly reduced."""
+    def reduce_scatter_async(self, array: np.ndarray, out: np.ndarray, *, op: ops.ReduceOp, tag: int,
+                             bfloat16: bool = False) -> concurrent.futures.Future[None]:
+        """``array`` (world * n elements) is reduced and block ``rank`` lands in ``out`` (n elements).
+
+        ``array`` is scratch space: it is left partly reduced."""
         dtype = _check_array(array, bfloat16=bfloat16)
         ops.check_op(op, dtype)
         if len(array) != len(out) * self.world_size:
             raise ValueError(f"reduce_scatter needs len(array) == world * len(out), got {len(array)}, {len(out)}")
+        block = len(out)
 
         def plan(rank: int, world: int) -> schedule.Plan:
             seg = schedule.segment_elems(length=len(array), world=world, itemsize=array.itemsize)
             return schedule.reduce_scatter(length=len(array), rank=rank, world=world, seg_elems=seg)
-        self._submit(plan, array=array, dtype=dtype, op=op, tag=tag, quantize=None, reducer=None).result()
-        out[...] = array[self.rank * len(out):(self.rank + 1) * len(out)]
+
+        def copy_out(rank: int) -> None:
+            out[...] = array[rank * block:(rank + 1) * block]
+        return self._submit(plan, array=array, dtype=dtype, op=op, tag=tag, quantize=None, reducer=None,
+                            after=copy_out)
 
     def broadcast(self, array: np.ndarray, *, root: int, tag: int, bfloat16: bool = False) -> None:
         self.broadcast_async(array, root=root, tag=tag, bfloat16=bfloat16).result()
@@ -238,8 +246,8 @@ class RingEngine:
     # ----- internals -------------------------------------------------------------------------
 
     def _submit(self, plan: Callable[[int, int], schedule.Plan], *, array: np.ndarray, dtype: frames.DType,
-                op: ops.ReduceOp, tag: int, quantize: str | None, reducer: runner.Reducer | None
-                ) -> concurrent.futures.Future[None]:
+                op: ops.ReduceOp, tag: int, quantize: str | None, reducer: runner.Reducer | None,
+                after: Callable[[int], None] | None = None) -> concurrent.futures.Future[None]:
         def execute() -> None:
             with self._lock:
                 if self._abort is not None:
@@ -247,12 +255,13 @@ class RingEngine:
                 outs, ins, rank, world = list(self._outs), list(self._ins), self._rank, self.world_size
             job = runner.Job(plan=plan(rank, world), array=array, dtype=dtype, op=op, tag=tag, world=world,
                              quantize=quantize, reducer=reducer or runner.NumpyReducer(array, dtype))
-            if world == 1:
-                return
             try:
-                runner.run(job, outs=outs, ins=ins, pool=self._io, fail=self.abort)
+                if world > 1:
+                    runner.run(job, outs=outs, ins=ins, pool=self._io, fail=self.abort)
             except runner.Failed as exc:
                 raise CollectiveAborted(self._abort or str(exc)) from None
+            if after is not None:
+                after(rank)
         return self._queue.submit(execute)
 
     def _on_ring(self, hello: frames.Hello, sock: socket.socket) -> str | None:

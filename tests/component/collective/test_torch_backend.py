@@ -66,13 +66,25 @@ def check_collectives(rank: int, out_dir: Path) -> None:
     dist.barrier()
 
 
+def check_cuda(rank: int, out_dir: Path) -> None:
+    t = torch.full((1000,), float(rank + 1), device="cuda")
+    dist.all_reduce(t)
+    assert t.is_cuda and t.eq(6.0).all().item()
+    b = torch.full((10,), float(rank), device="cuda")
+    dist.broadcast(b, src=1)
+    assert b.eq(1.0).all().item()
+    outs = [torch.empty(2, device="cuda") for _ in range(WORLD)]
+    dist.all_gather(outs, torch.full((2,), float(rank), device="cuda"))
+    assert [o.tolist() for o in outs] == [[float(r)] * 2 for r in range(WORLD)]
+
+
 def worker(rank: int, store_path: str, result_dir: str, job: str) -> None:
     import ringseed.collective.torch_backend  # noqa: F401  (registers the backend)
     status = "ok"
     try:
         dist.init_process_group("ringseed", init_method=f"file://{store_path}", rank=rank, world_size=WORLD)
         assert dist.get_backend() == "ringseed"
-        {"collectives": check_collectives, "ddp": train_ddp}[job](rank, Path(result_dir))  # type: ignore[operator]
+        {"collectives": check_collectives, "ddp": train_ddp, "cuda": check_cuda}[job](rank, Path(result_dir))  # type: ignore[operator]
         dist.destroy_process_group()
     except BaseException:
         status = traceback.format_exc()

@@ -36,16 +36,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--upload-slots", type=int, default=8)
 
 
+def read_token(token_file: str | None) -> str | None:
+    """The group token from a file (stripped) or ``RINGSEED_TOKEN`` (the file wins)."""
+    if token_file:
+        with open(token_file, encoding="utf-8") as f:
+            return f.read().strip() or None
+    return os.environ.get("RINGSEED_TOKEN") or None
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import signal
     from pathlib import Path
 
     from ringseed.agent import agent
-    from ringseed.master import command as master_command
     from ringseed.protocol import units
 
-    token = master_command.read_token(args.token_file)
+    token = read_token(args.token_file)
     namespace, _, name = str(args.model_name).partition("/")
     problems = [
         "no token (use --token-file or RINGSEED_TOKEN)" if token is None else "",

@@ -152,6 +152,11 @@ def _chunk_list(raw: Any) -> list[tuple[int, str | None]]:
     return out
 
 
+def _int_or(body: dict[str, Any], name: str, default: int) -> int:
+    value = web.field_of(body, name, int, required=False)
+    return default if value is None else int(value)
+
+
 def _counters(raw: Any) -> dict[str, int]:
     if not isinstance(raw, dict):
         raise web.problem(400, "bad_field", "field 'counters' must be an object of integers")
@@ -218,9 +223,9 @@ class _Api:
             counters=_counters(body.get("counters", {})),
             chunks=_chunk_list(body.get("chunks", [])),
             verified_digest=_hash(body.get("verified_digest"), "verified_digest"),
-            hash_cursor=web.field_of(body, "hash_cursor", int, required=False) or 0,
+            hash_cursor=_int_or(body, "hash_cursor", 0),
             epoch=web.field_of(body, "epoch", str, required=False),
-            avail_version=web.field_of(body, "avail_version", int, required=False) or -1,
+            avail_version=_int_or(body, "avail_version", -1),
         )
         return aioweb.json_response(
             {

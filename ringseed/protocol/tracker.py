@@ -113,7 +113,7 @@ class Tracker:
         self.penalised: dict[str, set[str]] = {}
         self.origin_bytes_gone = 0
         self.avail_version = 0
-        self._avail: list[int] | None = None
+        self._avail: list[int] = []
         self._digest: str | None = None
 
     # -- layout and hashes -------------------------------------------------------------
@@ -139,6 +139,7 @@ class Tracker:
         self.layout = layout
         self.hashes = [None] * layout.chunk_count
         self.holders = [set() for _ in range(layout.chunk_count)]
+        self._avail = [0] * layout.chunk_count
         self._changed()
 
     def _learn_hash(self, index: int, digest: str) -> None:
@@ -214,6 +215,7 @@ class Tracker:
                 state.have_bytes += self.layout.chunk_length(index)
                 self.holders[index].add(node)
                 self.assigned.pop(index, None)
+                self._avail[index] += node not in self.penalised
                 self._changed()
         return rejected
 
@@ -271,8 +273,10 @@ class Tracker:
         return gone
 
     def _drop(self, state: NodeState, *, keep_counters: bool) -> None:
+        counted = state.name not in self.penalised
         for index in state.have:
             self.holders[index].discard(state.name)
+            self._avail[index] -= counted
         if state.have:
             self._changed()
         state.have = set()
@@ -334,19 +338,18 @@ class Tracker:
         self._node(reporter, now)
         if peer == reporter:
             raise TrackerError("a node cannot report itself")
+        if peer not in self.penalised and peer in self.nodes:
+            for index in self.nodes[peer].have:
+                self._avail[index] -= 1
         self.penalised.setdefault(peer, set()).add(reporter)
         self._changed()
         self._refresh_duty(now)
 
     def availability(self) -> list[int]:
-        """Unpenalised holders per chunk (cached until holdings change)."""
-        if self._avail is None:
-            bad = self.penalised
-            self._avail = [sum(1 for n in h if n not in bad) if bad else len(h) for h in self.holders]
+        """Unpenalised holders per chunk, kept up to date incrementally (do not mutate)."""
         return self._avail
 
     def _changed(self) -> None:
-        self._avail = None
         self.avail_version += 1
 
     def status(self, *, now: float) -> dict[str, Any]:

@@ -119,3 +119,28 @@ def test_origin_bytes_survive_purge() -> None:
     t.heartbeat(node="n1", now=5.0)
     t.purge(now=5.0)
     assert t.status(now=5.0)["bytes_from_origin"] == 1000
+
+
+def test_availability_stays_equal_to_a_recount_through_joins_reports_and_purges() -> None:
+    rng = random.Random(7)
+    t = tracker.Tracker(epoch="e", offline_after=5.0)
+    t.register(node="n0", url="u", session="s", now=0.0, layout=layout(8))
+    now = 0.0
+    for step in range(400):
+        now += 0.1
+        name = f"n{rng.randrange(6)}"
+        if name not in t.nodes:
+            t.register(node=name, url="u", session=f"s{step}", now=now)
+        action = rng.random()
+        if action < 0.6:
+            index = rng.randrange(8)
+            digest = t.hashes[index] or f"{index:02x}" * 32
+            t.heartbeat(node=name, now=now, chunks=[(index, digest if name in t.duty else None)])
+        elif action < 0.65:
+            peer = f"n{rng.randrange(6)}"
+            if peer != name:
+                t.report(reporter=name, peer=peer, chunk=0, now=now)
+        else:
+            t.purge(now=now)
+        recount = [sum(1 for n in holders if n not in t.penalised) for holders in t.holders]
+        assert t.availability() == recount

@@ -8,16 +8,28 @@ from __future__ import annotations
 
 import json
 import subprocess
+from typing import Any
 
 
-def test_sigkill_mid_all_reduce_recovers_with_the_survivors(ringseed_cmd: list[str]) -> None:
-    timeout = 2.0
+def _kill_run(ringseed_cmd: list[str], timeout: float) -> dict[str, object]:
     done = subprocess.run(
         [*ringseed_cmd, "local", "allreduce", "--peers", "3", "--size", "8Mi", "--kill-peer-at", "0.5",
          "--heartbeat-interval", "0.25", "--heartbeat-timeout", str(timeout), "--iters", "1", "--json"],
         capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout)
+    summary: dict[str, object] = json.loads(done.stdout)
+    return summary
+
+
+def test_sigkill_mid_all_reduce_recovers_with_the_survivors(ringseed_cmd: list[str]) -> None:
+    timeout = 2.0
+    # The peers all-reduce back to back, but on a loaded machine the kill can land in the short gap
+    # between two operations (then nothing is aborted: the next vote just leaves the dead peer out).
+    # Run again (at most twice more) so that the mid-operation case is the one checked.
+    for _ in range(3):
+        summary: dict[str, Any] = _kill_run(ringseed_cmd, timeout)
+        if summary["abort_seconds"] is not None:
+            break
     # every survivor's call ended in an abort, within the heartbeat timeout of the kill
     assert summary["abort_seconds"] is not None and summary["abort_seconds"] <= timeout
     # ... with its buffer bit-identical to before the call

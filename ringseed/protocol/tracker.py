@@ -24,7 +24,9 @@ Rules:
   holder claims chunks nobody holds; each such chunk is assigned to one holder at a time, so a
   chunk is pulled from the origin once while a copy lives inside. For ``claim_grace`` seconds
   after the tracker starts no chunk is assigned: after a master restart, agents first get the
-  time to re-register and re-announce what they hold, so held chunks are not pulled again.
+  time to re-register and re-announce what they hold, so held chunks are not pulled again;
+  when the layout is first published by PUT (no agent brought one), nothing is held anywhere
+  and the grace ends at once.
 - Peers for a chunk: online holders other than the asker, fewest active uploads first (the
   load reported in heartbeats plus the hand-outs since), penalised peers excluded.
 - Completion is derived from availability: a node is complete when it holds every chunk, and
@@ -121,6 +123,8 @@ class Tracker:
     def publish(self, *, node: str, layout: manifest.Layout, hashes: Sequence[str] | None, now: float) -> None:
         """Set the layout (first wins, later must match) and, from a manifest, every hash."""
         self._node(node, now)
+        if self.layout is None and not any(s.have for s in self.nodes.values()):
+            self.claims_from = min(self.claims_from, now)  # a fresh start: nothing to wait for
         self._set_layout(layout)
         if hashes is None:
             return

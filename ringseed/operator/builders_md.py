@@ -3,28 +3,36 @@
 Owns how a ModelDistribution spec becomes ``ringseed agent`` pods on the selected nodes (node
 paths, flags, privileges). Pure: spec and config in, dicts out.
 
-Node paths (all under the operator's data root, mounted at the same path in the container):
-- model: ``<root>/models/<namespace>/<name>`` (the agent's ``--data-dir`` is ``<root>/models``
-  and the agent writes only below ``<namespace>/<name>``; only that directory is mounted, so an
-  agent can never touch another distribution's model);
-- cache: ``<ssdPath or root/cache>/<namespace>/<name>`` (one cache per distribution).
+Node paths (under the operator's data root; each hostPath is mounted at the same path inside):
+- ``--data-dir <root>/models``; the agent publishes ``<root>/models/<ns>/<name>/`` by renaming a
+  sibling ``.<name>.tmp-<pid>`` into place, so it needs the namespace directory
+  ``<root>/models/<ns>`` (one hostPath volume ``models``), not just the model's own directory.
+- ``--cache-dir <root>/models/<ns>/.cache`` by default: the agent stages chunks in
+  ``<cache-dir>/<ns>/<name>/`` and publishes the model as hard links to the staged files. Hard
+  links fail across mounts (even two bind mounts of one file system), when the agent copies
+  instead and a model takes twice its size on disk; keeping staging inside the ``models``
+  volume avoids that. With ``cache.ssdPath`` (it must lie under the root) the cache is the
+  separate volume ``<ssdPath>/<ns>`` and publishing copies unless the files can be linked.
+- Mounting per namespace means an agent can never touch another namespace's models.
+  (``.cache`` and ``.<name>.*`` can never clash with a model: names start with a letter.)
 
 Privileges: the agent runs as uid 10001 with no capabilities, no privilege escalation and a
 read-only root filesystem. hostPath directories made by kubelet (``DirectoryOrCreate``) belong to
 root and fsGroup does not apply to hostPath, so an init container ``prepare-dirs`` runs as uid 0
-with only ``CAP_CHOWN`` to hand the two directories to uid 10001, then exits. That is less than
-running the agent itself as root. hostPath volumes still need a namespace whose Pod Security
-level allows them (``privileged``).
+with only ``CAP_CHOWN`` to hand the namespace directories to uid 10001, then exits. That is
+less than running the agent itself as root. hostPath volumes still need a namespace whose Pod
+Security level allows them (``privileged``).
 
-Cleanup (``retainPolicy: Delete``): ``cleanup_daemonset`` removes the model and cache directories
-in two init containers (first as uid 10001, which owns the files, then as uid 0 without
-capabilities to remove the now empty directories from root-owned parents) and then idles; when
-its pods are ready on every node, the handler deletes it.
+Cleanup (``retainPolicy: Delete``): ``cleanup_daemonset`` mounts the same directories and, as uid
+10001 (which owns them), removes the model, its staging and any ``.<name>.tmp-*``/``.old-*``
+leftovers in an init container, then idles; when its pods are Ready on every node, the handler
+deletes it.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 from ringseed.api import constants, types, validation
@@ -33,23 +41,55 @@ from ringseed.operator import config as config_module
 
 OWNER = constants.MD_KIND
 _CHOWN = "import os, sys\nfor path in sys.argv[1:]:\n    os.chown(path, {uid}, {uid})\n"
-_REMOVE_FILES = "import shutil, sys\nfor path in sys.argv[1:]:\n    shutil.rmtree(path, ignore_errors=True)\n"
-_REMOVE_DIRS = (
-    "import os, sys\nfor path in sys.argv[1:]:\n    try:\n        os.rmdir(path)\n"
-    "    except OSError as exc:\n        print('kept', path, exc)\n"
+_REMOVE = (
+    "import glob, shutil, sys\n"
+    "for pattern in sys.argv[1:]:\n"
+    "    for path in glob.glob(pattern, include_hidden=True):\n"
+    "        shutil.rmtree(path, ignore_errors=True)\n"
+    "        print('removed', path, flush=True)\n"
 )
 _IDLE = "import time\nwhile True:\n    time.sleep(3600)\n"
 _SMALL = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}}
 
 
-def model_dir(*, config: config_module.OperatorConfig, namespace: str, name: str) -> str:
-    return f"{config.models_root}/{namespace}/{name}"
+@dataclass(frozen=True)
+class NodePaths:
+    """The node directories of one distribution (see the module docstring)."""
+
+    data_dir: str  # --data-dir
+    cache_dir: str  # --cache-dir
+    volumes: tuple[tuple[str, str], ...]  # (volume name, host path), mounted at the same path
+    model: str  # the published model
+    staging: str  # where the agent stages chunks
+
+    @property
+    def leftovers(self) -> tuple[str, ...]:
+        """Glob patterns of everything the distribution leaves on a node."""
+        parent, name = self.model.rsplit("/", 1)
+        return (self.model, f"{parent}/.{name}.tmp-*", f"{parent}/.{name}.old-*", self.staging)
 
 
-def cache_dir(
+def node_paths(
     *, spec: types.ModelDistributionSpec, config: config_module.OperatorConfig, namespace: str, name: str
-) -> str:
-    return f"{spec.cache.ssd_path or config.cache_root}/{namespace}/{name}"
+) -> NodePaths:
+    models = f"{config.models_root}/{namespace}"
+    volumes: tuple[tuple[str, str], ...] = (("models", models),)
+    cache = f"{models}/.cache"
+    if spec.cache.ssd_path is not None:
+        cache = f"{spec.cache.ssd_path}/{namespace}"
+        volumes += (("cache", cache),)
+    return NodePaths(
+        data_dir=config.models_root,
+        cache_dir=cache,
+        volumes=volumes,
+        model=f"{models}/{name}",
+        staging=f"{cache}/{namespace}/{name}",
+    )
+
+
+def model_dir(*, config: config_module.OperatorConfig, namespace: str, name: str) -> str:
+    """Where the verified model of ``namespace/name`` lies on a node."""
+    return f"{config.models_root}/{namespace}/{name}"
 
 
 def children(
@@ -73,13 +113,10 @@ def agent_daemonset(
     *, body: common.Body, spec: types.ModelDistributionSpec, config: config_module.OperatorConfig
 ) -> dict[str, Any]:
     """DaemonSet ``<name>-agent``: one ``ringseed agent`` per selected node."""
-    name, namespace = common.name_of(body), common.namespace_of(body)
-    models, cache = (
-        model_dir(config=config, namespace=namespace, name=name),
-        cache_dir(spec=spec, config=config, namespace=namespace, name=name),
-    )
+    paths = _paths(body=body, spec=spec, config=config)
+    mounts = [_mount(volume, path) for volume, path in paths.volumes]
     agent = common.ringseed_container(
-        name="agent", config=config, command=_agent_command(body=body, spec=spec, config=config)
+        name="agent", config=config, command=_agent_command(body=body, spec=spec, config=config, paths=paths)
     )
     agent.update(
         env=_agent_env(spec=spec),
@@ -87,31 +124,16 @@ def agent_daemonset(
         readinessProbe=common.http_probe(port="peer", period=5, failures=3),
         livenessProbe=common.http_probe(port="peer", period=10, failures=6),
         resources=copy.deepcopy(config.agent_resources),
-        volumeMounts=[
-            dict(common.TOKEN_MOUNT),
-            _mount("model", models),
-            _mount("cache", cache),
-            dict(common.TMP_MOUNT),
-        ],
+        volumeMounts=[dict(common.TOKEN_MOUNT), *copy.deepcopy(mounts), dict(common.TMP_MOUNT)],
     )
     if spec.source.secret_name:
         agent["envFrom"] = [{"secretRef": {"name": spec.source.secret_name}}]
+    chown = _CHOWN.format(uid=constants.RUNTIME_UID)
     prepare = common.ringseed_container(
-        name="prepare-dirs",
-        config=config,
-        command=["python", "-c", _CHOWN.format(uid=constants.RUNTIME_UID), models, cache],
+        name="prepare-dirs", config=config, command=["python", "-c", chown, *(path for _, path in paths.volumes)]
     )
-    prepare.update(
-        securityContext=_root_security(add=["CHOWN"]),
-        resources=copy.deepcopy(_SMALL),
-        volumeMounts=[_mount("model", models), _mount("cache", cache)],
-    )
-    volumes = [
-        common.token_volume(body=body),
-        _host("model", models),
-        _host("cache", cache),
-        copy.deepcopy(common.TMP_VOLUME),
-    ]
+    prepare.update(securityContext=_root_security(add=["CHOWN"]), resources=copy.deepcopy(_SMALL), volumeMounts=mounts)
+    volumes = [common.token_volume(body=body), *_hosts(paths), copy.deepcopy(common.TMP_VOLUME)]
     pod = {**common.pod_basics(config=config), **_placement(spec), "terminationGracePeriodSeconds": 30}
     pod.update(initContainers=[prepare], containers=[agent], volumes=volumes)
     return _daemonset(body=body, suffix="agent", component=constants.COMPONENT_AGENT, pod=pod)
@@ -122,29 +144,26 @@ def cleanup_daemonset(
 ) -> dict[str, Any]:
     """DaemonSet ``<name>-cleanup``: removes this distribution's node data, then idles until deleted."""
     _check(body=body, spec=spec, config=config)
-    name, namespace = common.name_of(body), common.namespace_of(body)
-    models, cache = (
-        model_dir(config=config, namespace=namespace, name=name),
-        cache_dir(spec=spec, config=config, namespace=namespace, name=name),
+    paths = _paths(body=body, spec=spec, config=config)
+    remove = common.ringseed_container(
+        name="remove-data", config=config, command=["python", "-c", _REMOVE, *paths.leftovers]
     )
-    parents = [models.rsplit("/", 1)[0], cache.rsplit("/", 1)[0]]
-    mounts = [_mount("models-parent", parents[0]), _mount("cache-parent", parents[1])]
-    remove_files = common.ringseed_container(
-        name="remove-files", config=config, command=["python", "-c", _REMOVE_FILES, models, cache]
-    )
-    remove_files.update(resources=copy.deepcopy(_SMALL), volumeMounts=mounts)
-    remove_dirs = common.ringseed_container(
-        name="remove-dirs", config=config, command=["python", "-c", _REMOVE_DIRS, models, cache]
-    )
-    remove_dirs.update(
-        securityContext=_root_security(add=[]), resources=copy.deepcopy(_SMALL), volumeMounts=copy.deepcopy(mounts)
+    remove.update(
+        resources=copy.deepcopy(_SMALL), volumeMounts=[_mount(volume, path) for volume, path in paths.volumes]
     )
     idle = common.ringseed_container(name="idle", config=config, command=["python", "-c", _IDLE])
     idle["resources"] = copy.deepcopy(_SMALL)
-    volumes = [_host("models-parent", parents[0]), _host("cache-parent", parents[1])]
     pod = {**common.pod_basics(config=config), **_placement(spec), "terminationGracePeriodSeconds": 1}
-    pod.update(initContainers=[remove_files, remove_dirs], containers=[idle], volumes=volumes)
+    pod.update(initContainers=[remove], containers=[idle], volumes=_hosts(paths))
     return _daemonset(body=body, suffix="cleanup", component=constants.COMPONENT_CLEANUP, pod=pod)
+
+
+def _paths(*, body: common.Body, spec: types.ModelDistributionSpec, config: config_module.OperatorConfig) -> NodePaths:
+    return node_paths(spec=spec, config=config, namespace=common.namespace_of(body), name=common.name_of(body))
+
+
+def _hosts(paths: NodePaths) -> list[dict[str, Any]]:
+    return [_host(volume, path) for volume, path in paths.volumes]
 
 
 def _check(*, body: common.Body, spec: types.ModelDistributionSpec, config: config_module.OperatorConfig) -> None:
@@ -154,7 +173,7 @@ def _check(*, body: common.Body, spec: types.ModelDistributionSpec, config: conf
 
 
 def _agent_command(
-    *, body: common.Body, spec: types.ModelDistributionSpec, config: config_module.OperatorConfig
+    *, body: common.Body, spec: types.ModelDistributionSpec, config: config_module.OperatorConfig, paths: NodePaths
 ) -> list[str]:
     name, namespace = common.name_of(body), common.namespace_of(body)
     command = [
@@ -171,8 +190,8 @@ def _agent_command(
     memory = spec.cache.memory_bytes if spec.cache.memory_bytes is not None else config.agent_memory_bytes
     command += [
         "--chunk-size", str(spec.chunk_size),
-        "--data-dir", config.models_root,
-        "--cache-dir", cache_dir(spec=spec, config=config, namespace=namespace, name=name),
+        "--data-dir", paths.data_dir,
+        "--cache-dir", paths.cache_dir,
         "--model-name", f"{namespace}/{name}",
         "--memory-bytes", str(memory),
     ]  # fmt: skip
@@ -210,7 +229,7 @@ def _root_security(*, add: list[str]) -> dict[str, Any]:
         "runAsGroup": 0,
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"], **({"add": add} if add else {})},
+        "capabilities": {"drop": ["ALL"], "add": add},
     }
 
 

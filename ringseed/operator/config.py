@@ -11,7 +11,7 @@ Environment variables (all optional; the default is in brackets):
 - ``RINGSEED_IMAGE_PULL_POLICY`` [``IfNotPresent``]: Always, IfNotPresent or Never.
 - ``RINGSEED_IMAGE_PULL_SECRETS`` [empty]: comma-separated Secret names, given to ringseed's pods.
 - ``RINGSEED_DATA_ROOT`` [``/var/lib/ringseed``]: the only node directory agents may use
-  (models under ``<root>/models``, caches under ``<root>/cache``; ``cache.ssdPath`` must lie under it).
+  (models and their staging under ``<root>/models/<namespace>``; ``cache.ssdPath`` must lie under it).
 - ``RINGSEED_MASTER_RESOURCES`` / ``RINGSEED_AGENT_RESOURCES`` [small requests, a memory limit]:
   a JSON ResourceRequirements object (``{"requests": {...}, "limits": {...}}``).
 - ``RINGSEED_AGENT_MEMORY_BYTES`` [``1Gi``]: agents' memory tier when ``cache.memoryBytes`` is unset.
@@ -67,10 +67,6 @@ class OperatorConfig:
     @property
     def models_root(self) -> str:
         return f"{self.data_root}/models"
-
-    @property
-    def cache_root(self) -> str:
-        return f"{self.data_root}/cache"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:

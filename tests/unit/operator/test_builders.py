@@ -8,6 +8,9 @@ import base64
 import copy
 import importlib
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -212,7 +215,7 @@ def test_agent_daemonset_runs_the_contract_command_line_on_the_selected_nodes() 
         "--node-name", "$(NODE_NAME)", "--advertise-host", "$(POD_IP)", "--port", "8471",
         "--token-file", "/etc/ringseed/token", "--source", "s3://models/llama/", "--manifest-uri", "s3://models/m.json",
         "--chunk-size", str(32 << 20), "--data-dir", "/data/ringseed/models",
-        "--cache-dir", "/data/ringseed/nvme/ml/llama", "--model-name", "ml/llama",
+        "--cache-dir", "/data/ringseed/nvme/ml", "--model-name", "ml/llama",
         "--memory-bytes", str(2 << 30), "--ssd-bytes", "1000", "--origin-rate-limit", "5000",
     ]  # fmt: skip
     assert agent["env"] == [
@@ -230,27 +233,45 @@ def test_agent_daemonset_runs_the_contract_command_line_on_the_selected_nodes() 
     assert pod["automountServiceAccountToken"] is False
 
 
-def test_agent_touches_only_its_own_model_and_cache_directories() -> None:
-    daemonset = by_kind(builders.md_children(body=MD_BODY, spec=md(), config=CFG))["DaemonSet"]
-    pod = daemonset["spec"]["template"]["spec"]
-    host_paths = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
-    assert host_paths == {
-        "model": {"path": "/data/ringseed/models/ml/llama", "type": "DirectoryOrCreate"},
-        "cache": {"path": "/data/ringseed/cache/ml/llama", "type": "DirectoryOrCreate"},
-    }
+def _flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def _volume_holding(pod: dict[str, Any], path: str) -> str:
+    """The hostPath volume whose mount holds ``path`` (mounts are at the host path itself)."""
+    (name,) = [v["name"] for v in pod["volumes"] if "hostPath" in v and path.startswith(v["hostPath"]["path"] + "/")]
+    return str(name)
+
+
+def test_agent_mounts_only_its_namespace_and_keeps_staging_linkable() -> None:
+    pod = by_kind(builders.md_children(body=MD_BODY, spec=md(), config=CFG))["DaemonSet"]["spec"]["template"]["spec"]
+    (agent,) = pod["containers"]
+    data_dir, cache_dir = _flag(agent["command"], "--data-dir"), _flag(agent["command"], "--cache-dir")
+    assert [v["hostPath"] for v in pod["volumes"] if "hostPath" in v] == [
+        {"path": "/data/ringseed/models/ml", "type": "DirectoryOrCreate"}
+    ]
+    # the agent publishes <data-dir>/<ns>/<name> and stages in <cache-dir>/<ns>/<name>: one mount
+    # holds both (hard links work) and the model's parent (it renames a sibling into place)
+    model, staging = f"{data_dir}/ml/llama", f"{cache_dir}/ml/llama"
+    assert _volume_holding(pod, model) == _volume_holding(pod, staging) == _volume_holding(pod, f"{data_dir}/ml/.x")
+    assert {"name": "models", "mountPath": "/data/ringseed/models/ml"} in agent["volumeMounts"]
     (prepare,) = pod["initContainers"]
-    assert prepare["command"][-2:] == ["/data/ringseed/models/ml/llama", "/data/ringseed/cache/ml/llama"]
+    assert prepare["command"][3:] == ["/data/ringseed/models/ml"]
     assert prepare["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
     assert prepare["securityContext"]["allowPrivilegeEscalation"] is False
-    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
-    assert mounts["model"] == host_paths["model"]["path"] and mounts["cache"] == host_paths["cache"]["path"]
-    assert "--memory-bytes" in pod["containers"][0]["command"]
-    assert (
-        "envFrom"
-        not in by_kind(builders.md_children(body=MD_BODY, spec=md(source={"uri": "file:///m"}), config=CFG))[
-            "DaemonSet"
-        ]["spec"]["template"]["spec"]["containers"][0]
-    )
+    plain = by_kind(builders.md_children(body=MD_BODY, spec=md(source={"uri": "file:///m"}), config=CFG))
+    assert "envFrom" not in plain["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_ssd_path_becomes_a_second_namespace_volume() -> None:
+    spec = md(cache={"ssdPath": "/data/ringseed/nvme"})
+    pod = by_kind(builders.md_children(body=MD_BODY, spec=spec, config=CFG))["DaemonSet"]["spec"]["template"]["spec"]
+    assert _flag(pod["containers"][0]["command"], "--cache-dir") == "/data/ringseed/nvme/ml"
+    assert [v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v] == [
+        "/data/ringseed/models/ml",
+        "/data/ringseed/nvme/ml",
+    ]
+    assert pod["initContainers"][0]["command"][3:] == ["/data/ringseed/models/ml", "/data/ringseed/nvme/ml"]
 
 
 def test_ssd_path_outside_the_configured_root_is_a_spec_error() -> None:
@@ -354,17 +375,32 @@ def test_worker_without_model_has_no_model_mount_or_label_and_template_is_not_mu
     assert all(e["name"] != "RINGSEED_MODEL_PATH" for e in pod["containers"][0]["env"])
 
 
-def test_cleanup_daemonset_removes_exactly_this_distributions_data() -> None:
-    cleanup = builders.cleanup_daemonset(body=MD_BODY, spec=md(nodeSelector={"gpu": "yes"}), config=CFG)
+def test_cleanup_daemonset_removes_exactly_this_distributions_data(tmp_path: Path) -> None:
+    cfg = config.OperatorConfig(data_root=str(tmp_path))
+    spec = md(nodeSelector={"gpu": "yes"})
+    cleanup = builders.cleanup_daemonset(body=MD_BODY, spec=spec, config=cfg)
     pod = cleanup["spec"]["template"]["spec"]
     assert cleanup["metadata"]["name"] == "llama-cleanup"
     assert pod["nodeSelector"] == {"gpu": "yes"}
-    files, dirs = pod["initContainers"]
-    targets = ["/data/ringseed/models/ml/llama", "/data/ringseed/cache/ml/llama"]
-    assert files["command"][-2:] == targets and dirs["command"][-2:] == targets
-    assert files["securityContext"] == HARDENED
-    assert dirs["securityContext"]["runAsUser"] == 0 and dirs["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert {v["hostPath"]["path"] for v in pod["volumes"]} == {"/data/ringseed/models/ml", "/data/ringseed/cache/ml"}
+    (remove,) = pod["initContainers"]
+    assert remove["securityContext"] == HARDENED
+    # lay out what an agent leaves, next to another model of the namespace, and run the real step
+    agent = by_kind(builders.md_children(body=MD_BODY, spec=spec, config=cfg))["DaemonSet"]
+    command = agent["spec"]["template"]["spec"]["containers"][0]["command"]
+    data, cache = Path(_flag(command, "--data-dir")), Path(_flag(command, "--cache-dir"))
+    doomed = [
+        data / "ml/llama/w.bin",
+        data / "ml/.llama.tmp-7/w.bin",
+        data / "ml/.llama.old-7/w.bin",
+        cache / "ml/llama/f",
+    ]
+    kept = [data / "ml/other/w.bin", cache / "ml/other/f", data / "ml/llama2/w.bin"]
+    for path in doomed + kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    subprocess.run([sys.executable, *remove["command"][1:]], check=True, capture_output=True)
+    assert [p for p in doomed if p.exists()] == []
+    assert all(p.exists() for p in kept)
 
 
 def test_model_node_label_is_a_valid_label_even_for_long_names() -> None:

@@ -10,11 +10,7 @@ from ringseed.operator import config
 def test_defaults_without_environment() -> None:
     cfg = config.OperatorConfig.from_env({})
     assert cfg == config.OperatorConfig()
-    assert (cfg.data_root, cfg.models_root, cfg.cache_root) == (
-        "/var/lib/ringseed",
-        "/var/lib/ringseed/models",
-        "/var/lib/ringseed/cache",
-    )
+    assert (cfg.data_root, cfg.models_root) == ("/var/lib/ringseed", "/var/lib/ringseed/models")
     assert cfg.image.startswith("ghcr.io/ringseed/ringseed:")
 
 

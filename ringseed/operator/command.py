@@ -103,7 +103,6 @@ def make_settings(settings: Any = None) -> Any:
         prefix="ringseed.io", key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING
-    settings.batching.batch_window = 0.05
     return settings
 
 
@@ -116,10 +115,13 @@ async def operate(
     degraded_after: float = DEFAULT_DEGRADED_AFTER,
     cleanup_timeout: float = DEFAULT_CLEANUP_TIMEOUT,
     locator: Any = None,
-    stop_flag: asyncio.Event | None = None,
-    ready_flag: asyncio.Event | None = None,
+    stop_flag: Any = None,
+    ready_flag: Any = None,
+    tune: Callable[[Any], None] | None = None,
 ) -> None:
-    """Run the operator until cancelled or ``stop_flag`` is set."""
+    """Run the operator until cancelled or ``stop_flag`` (asyncio or threading Event) is set.
+
+    ``tune`` may adjust kopf's settings (tests shorten kopf's retry backoffs with it)."""
     import kopf
 
     from ringseed.operator import handlers, masters, runtime
@@ -133,10 +135,13 @@ async def operate(
         degraded_after=degraded_after,
         cleanup_timeout=cleanup_timeout,
     )
+    settings = make_settings()
+    if tune is not None:
+        tune(settings)
     try:
         await kopf.operator(
             registry=registry,
-            settings=make_settings(),
+            settings=settings,
             memo=kopf.Memo(runtime=rt),
             clusterwide=not namespaces,
             namespaces=list(namespaces),

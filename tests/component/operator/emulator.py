@@ -82,7 +82,11 @@ class Emulator(kmock.KubernetesEmulator):
             meta["generation"] = 1
         elif request.action == enums.action.UPDATE and isinstance(data, dict) and "spec" in data:
             key = (request.resource, request.namespace, request.name)
-            current = self._objects.get(key) if request.name and request.subresource != "status" else None
+            current = (
+                self._objects[key]
+                if request.name and request.subresource != "status" and key in self._objects
+                else None
+            )
             if current is not None and not current.deleted:
                 generation = int(current.get("metadata", {}).get("generation", 1))
                 data.setdefault("metadata", {})["generation"] = generation + 1

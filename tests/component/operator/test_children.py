@@ -1,0 +1,113 @@
+"""A ModelDistribution yields its children; spec changes patch them; an unchanged spec sends nothing."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from ringseed.api import constants
+from tests.component.operator.conftest import MD_RES, NS, Operator, create, eventually, get, model_distribution, patch
+
+SECRETS, DEPLOYMENTS, SERVICES, DAEMONSETS = "v1/secrets", "apps/v1/deployments", "v1/services", "apps/v1/daemonsets"
+
+
+def children(kmock: Any, name: str) -> dict[str, dict[str, Any] | None]:
+    return {
+        "secret": get(kmock, SECRETS, f"{name}-token"),
+        "deployment": get(kmock, DEPLOYMENTS, f"{name}-master"),
+        "service": get(kmock, SERVICES, f"{name}-master"),
+        "daemonset": get(kmock, DAEMONSETS, f"{name}-agent"),
+    }
+
+
+def status_of(kmock: Any, name: str) -> dict[str, Any]:
+    return dict((get(kmock, MD_RES, name) or {}).get("status") or {})
+
+
+def command_of(workload: dict[str, Any]) -> list[str]:
+    return [str(part) for part in workload["spec"]["template"]["spec"]["containers"][0]["command"]]
+
+
+def patches_to_children(kmock: Any) -> list[str]:
+    return [
+        str(request.url.path)
+        for request in list(kmock)
+        if request.method.value == "PATCH"
+        and any(
+            f"/{plural}/" in str(request.url.path) for plural in ("secrets", "deployments", "services", "daemonsets")
+        )
+    ]
+
+
+async def test_model_distribution_yields_owned_children(operator: Operator) -> None:
+    kmock = operator.kmock
+    await create(kmock, MD_RES, model_distribution("llama", uri="s3://models/llama"))
+    found = await eventually(
+        lambda: all(children(kmock, "llama").values()) and children(kmock, "llama"), what="all four children"
+    )
+    md = get(kmock, MD_RES, "llama")
+    assert md is not None
+    for child in found.values():
+        refs = child["metadata"]["ownerReferences"]
+        assert [(r["kind"], r["name"], r["uid"]) for r in refs] == [
+            ("ModelDistribution", "llama", md["metadata"]["uid"])
+        ]
+        assert refs[0]["controller"] is True
+    token = base64.b64decode(found["secret"]["data"][constants.TOKEN_KEY]).decode()
+    assert len(token) >= 32
+    deployment = command_of(found["deployment"])
+    assert "--role" in deployment and deployment[deployment.index("--role") + 1] == "tracker"
+    agent = command_of(found["daemonset"])
+    assert agent[agent.index("--source") + 1] == "s3://models/llama"
+    assert found["service"]["spec"]["ports"][0]["port"] == constants.MASTER_PORT
+    for kind in ("deployment", "service", "daemonset"):
+        assert constants.SPEC_HASH_ANNOTATION in found[kind]["metadata"]["annotations"]
+    status = await eventually(
+        lambda: status_of(kmock, "llama").get("observedGeneration") == 1 and status_of(kmock, "llama"),
+        what="a status for generation 1",
+    )
+    assert status["phase"] == "Pending"  # no tracker answers in this test
+
+
+async def test_spec_change_patches_children_and_unchanged_spec_sends_nothing(operator: Operator) -> None:
+    kmock = operator.kmock
+    await create(kmock, MD_RES, model_distribution("llama", uri="s3://models/v1"))
+    first = await eventually(
+        lambda: all(children(kmock, "llama").values()) and children(kmock, "llama"), what="children"
+    )
+    await eventually(
+        lambda: get(kmock, MD_RES, "llama")["status"]["observedGeneration"] == 1,  # type: ignore[index]
+        what="observedGeneration 1",
+    )
+    assert patches_to_children(kmock) == []
+
+    await patch(kmock, MD_RES, "llama", {"spec": {"source": {"uri": "s3://models/v2"}}})
+    await eventually(
+        lambda: "s3://models/v2" in command_of(get(kmock, DAEMONSETS, "llama-agent")),  # type: ignore[arg-type]
+        what="the agent DaemonSet patched with the new source",
+    )
+    await eventually(
+        lambda: get(kmock, MD_RES, "llama")["status"]["observedGeneration"] == 2,  # type: ignore[index]
+        what="observedGeneration 2",
+    )
+    second = children(kmock, "llama")
+    assert second["secret"]["data"] == first["secret"]["data"]  # type: ignore[index]  # the token stays
+    hash_key = constants.SPEC_HASH_ANNOTATION
+    assert (
+        second["daemonset"]["metadata"]["annotations"][hash_key]
+        != first["daemonset"]["metadata"]["annotations"][hash_key]
+    )  # type: ignore[index]
+    patched = patches_to_children(kmock)
+    assert f"/apis/apps/v1/namespaces/{NS}/daemonsets/llama-agent" in patched
+    assert not any("/secrets/" in path for path in patched)
+
+    # A restart resumes the same spec: children are read, nothing is patched.
+    before = len(patches_to_children(kmock))
+    await operator.restart()
+    await eventually(
+        lambda: any(
+            r.method.value == "GET" and "/daemonsets/llama-agent" in str(r.url.path) for r in list(kmock)[-200:]
+        ),
+        what="the resumed handler reading its children",
+    )
+    assert len(patches_to_children(kmock)) == before

@@ -7,4 +7,5 @@ export PATH="$PWD/.tools/bin:$PWD/.venv/bin:$PATH"
 echo "== ruff"; ruff check ringseed tests bench
 echo "== mypy --strict"; mypy
 echo "== import contracts"; lint-imports
+echo "== chart CRDs match crds/"; bash hack/verify-crds.sh
 echo "== pytest"; pytest "$@"

@@ -22,6 +22,7 @@ measured by ``ringseed local allreduce --kill-peer-at`` (control part).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import socket
@@ -103,8 +104,8 @@ def star_rank(
 
         def once() -> None:
             array.fill(rank + 1)
-            _in_threads([lambda c=c, s=s: _star_gather(c, s, array, lock) for c, s in zip(conns, scratch, strict=True)])
-            _in_threads([lambda c=c: c.sendall(array.data.cast("B")) for c in conns])
+            _in_threads([functools.partial(_star_gather, c, s, array, lock) for c, s in zip(conns, scratch, strict=True)])
+            _in_threads([functools.partial(c.sendall, array.data.cast("B")) for c in conns])
     else:
         conn = socket.create_connection(("127.0.0.1", mine.get(timeout=120)))
         conns = [conn]

@@ -104,7 +104,8 @@ def star_rank(
 
         def once() -> None:
             array.fill(rank + 1)
-            _in_threads([functools.partial(_star_gather, c, s, array, lock) for c, s in zip(conns, scratch, strict=True)])
+            pairs = zip(conns, scratch, strict=True)
+            _in_threads([functools.partial(_star_gather, c, s, array, lock) for c, s in pairs])
             _in_threads([functools.partial(c.sendall, array.data.cast("B")) for c in conns])
     else:
         conn = socket.create_connection(("127.0.0.1", mine.get(timeout=120)))

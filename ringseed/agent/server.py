@@ -63,10 +63,10 @@ class _ChunkServer:
         if index not in self.source.held:
             raise web.problem(404, "not_held", f"chunk {index} is not held (verified) here")
         if self.source.active_uploads >= self.max_uploads:
-            raise aioweb.HTTPTooManyRequests(
+            return aioweb.json_response(
+                {"error": "busy", "reason": "upload slots are full; ask another holder"},
+                status=429,
                 headers={"Retry-After": "1"},
-                text='{"error": "busy", "reason": "upload slots are full; ask another holder"}',
-                content_type="application/json",
             )
         self.source.active_uploads += 1
         try:

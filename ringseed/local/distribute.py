@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -86,9 +87,15 @@ def _progress(status: dict[str, Any], started: float, nodes: int) -> str:
     )
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through LocalSwarm.close like Ctrl-C does
+
+
 def run(args: argparse.Namespace) -> int:
     from ringseed.local import swarm
     from ringseed.protocol import units
+
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
     with tempfile.TemporaryDirectory(prefix="ringseed-local-") as tmp:
         workdir = Path(args.workdir or tmp).resolve()

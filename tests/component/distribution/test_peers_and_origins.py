@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -64,4 +65,20 @@ def test_s3_origin_on_moto(tmp_path: Path, moto_env: str, swarm_factory: Callabl
     local.start()
     status = local.wait_for(local.all_verified, timeout=120, what="all verified from S3")
     assert status["manifest_digest"] == expected.digest
+    assert_copies(local, expected)
+
+
+def test_published_manifest_supplies_every_hash(
+    tmp_path: Path, swarm_factory: Callable[..., swarm.LocalSwarm]
+) -> None:
+    root = make_model(tmp_path / "model", odd_sizes(8, files=3))
+    expected = source_manifest(root, chunk_size=MiB)
+    published = tmp_path / "manifest.json"
+    published.write_text(json.dumps(expected.to_dict()))
+    local = swarm_factory(source=root.as_uri(), nodes=3, chunk_size=2 * MiB, manifest_uri=published.as_uri())
+    local.start()
+    first = local.wait_for(lambda s: s["total_chunks"] > 0, timeout=60, what="layout")
+    assert first["hashes_known"] == expected.layout.chunk_count  # all at once, not chunk by chunk
+    status = local.wait_for(local.all_verified, timeout=120, what="all verified")
+    assert status["manifest_digest"] == expected.digest  # the manifest's chunk size wins over --chunk-size
     assert_copies(local, expected)

@@ -13,6 +13,7 @@ import argparse
 import os
 import socket
 import sys
+from typing import Any
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", default="/var/lib/ringseed/cache")
     parser.add_argument("--model-name", required=True, help="NAMESPACE/NAME")
     parser.add_argument("--memory-bytes", default="256Mi", help="memory tier budget")
-    parser.add_argument("--ssd-bytes", default=None, help="SSD tier budget (the staged model must fit)")
+    parser.add_argument("--ssd-bytes", default=None, help="SSD tier budget (accepted; not enforced yet)")
     parser.add_argument("--origin-rate-limit", default=None, help="bytes/s from the origin (e.g. 32Mi)")
     parser.add_argument("--download-slots", type=int, default=4)
     parser.add_argument("--upload-slots", type=int, default=8)
@@ -44,33 +45,20 @@ def read_token(token_file: str | None) -> str | None:
     return os.environ.get("RINGSEED_TOKEN") or None
 
 
-def run(args: argparse.Namespace) -> int:
-    import asyncio
-    import signal
+def _config(args: argparse.Namespace, *, token: str, namespace: str, name: str) -> Any:
     from pathlib import Path
 
     from ringseed.agent import agent
     from ringseed.protocol import units
 
-    token = read_token(args.token_file)
-    namespace, _, name = str(args.model_name).partition("/")
-    problems = [
-        "no token (use --token-file or RINGSEED_TOKEN)" if token is None else "",
-        "no master URL (use --master-url or RINGSEED_MASTER_URL)" if not args.master_url else "",
-        "--model-name must be NAMESPACE/NAME" if not namespace or not name or "/" in name else "",
-    ]
-    for problem in filter(None, problems):
-        print(f"ringseed agent: {problem}", file=sys.stderr)
-    if any(problems):
-        return 2
     rate = units.parse_size(args.origin_rate_limit) if args.origin_rate_limit else None
-    config = agent.Config(
+    return agent.Config(
         master_url=args.master_url,
         node_name=args.node_name,
         advertise_host=args.advertise_host,
         host=args.host,
         port=args.port,
-        token=token or "",
+        token=token,
         source=args.source,
         manifest_uri=args.manifest_uri,
         chunk_size=units.parse_size(args.chunk_size),
@@ -84,6 +72,26 @@ def run(args: argparse.Namespace) -> int:
         upload_slots=args.upload_slots,
         corrupt_uploads=os.environ.get("RINGSEED_FAULT_CORRUPT_UPLOADS") == "1",
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from ringseed.agent import agent
+
+    token = read_token(args.token_file)
+    namespace, _, name = str(args.model_name).partition("/")
+    problems = [
+        "no token (use --token-file or RINGSEED_TOKEN)" if token is None else "",
+        "no master URL (use --master-url or RINGSEED_MASTER_URL)" if not args.master_url else "",
+        "--model-name must be NAMESPACE/NAME" if not namespace or not name or "/" in name else "",
+    ]
+    for problem in filter(None, problems):
+        print(f"ringseed agent: {problem}", file=sys.stderr)
+    if any(problems) or token is None:
+        return 2
+    config = _config(args, token=token, namespace=namespace, name=name)
 
     async def main() -> None:
         stop = asyncio.Event()

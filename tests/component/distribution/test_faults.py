@@ -58,7 +58,7 @@ def test_killed_origin_duty_agent_hands_over_and_origin_is_read_about_once(
     expected = source_manifest(root, chunk_size=MiB)
     origin = servers.FlakyHTTPOrigin(root)
     with origin.in_thread() as url:
-        local = swarm_factory(source=url, nodes=4, chunk_size=MiB, origin_rate_limit=RATE, offline_after=2.0)
+        local = swarm_factory(source=url, nodes=4, chunk_size=MiB, origin_rate_limit=RATE, offline_after=3.0)
         local.start()
         duty = _duty_holder(local)
         local.wait_for(lambda s: _chunks(s, duty) >= expected.layout.chunk_count * 0.4, timeout=120, what="40% out")

@@ -15,6 +15,11 @@ checks its result against the known sum. Time per all-reduce is the slowest rank
 - star: what a simple TCP transport does: every peer sends its whole buffer to rank 0, which
   sums and sends the result back to each peer (one thread per peer on rank 0).
 
+``--link-rate 1gbit`` runs every rank in its own network namespace (``ringseed.testbed``) with
+its link shaped in both directions, as on real hosts: there the ring's advantage over the star
+(N/2 in theory) shows; on loopback all peers share the same CPUs and memory bus, so every
+scheme is bound by the total bytes copied, which is the same for ring and star.
+
 The last row is the time from a SIGKILL of one peer to the completed retry on the survivors,
 measured by ``ringseed local allreduce --kill-peer-at`` (control part).
 """
@@ -22,17 +27,19 @@ measured by ``ringseed local allreduce --kill-peer-at`` (control part).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import functools
 import json
-import multiprocessing
+import os
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
-from multiprocessing.queues import Queue
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,82 +50,73 @@ sys.path.insert(0, str(REPO))
 MiB = 1 << 20
 
 
-def ringseed_rank(
-    rank: int, world: int, count: int, iters: int, rendezvous: Queue[Any], mine: Queue[Any]
-) -> list[float]:
+def ringseed_rank(w: Worker) -> list[float]:
     from ringseed.collective import engine
 
-    eng = engine.RingEngine(peer_id=f"r{rank}", token="bench", io_timeout=120)
+    eng = engine.RingEngine(peer_id=f"r{w.rank}", token="bench", host=w.host, io_timeout=120)
     try:
-        rendezvous.put((rank, eng.start()))
-        ring = mine.get(timeout=120)
+        address = eng.start()
+        w.publish(f"addr{w.rank}", [address.host, address.port])
+        ring = [engine.PeerAddress(f"r{r}", *w.lookup(f"addr{r}")) for r in range(w.world)]
         eng.set_ring(ring, epoch=1, timeout=60)
-        array = np.empty(count, np.float32)
+        array = np.empty(w.count, np.float32)
 
         def once() -> None:
-            array.fill(rank + 1)
+            array.fill(w.rank + 1)
             eng.all_reduce(array, op=engine.ReduceOp.SUM, tag=0)
-        return _timed(once, array=array, world=world, iters=iters, sync=lambda: eng.barrier(tag=0))
+        return _timed(once, array=array, world=w.world, iters=w.iters, sync=lambda: eng.barrier(tag=0))
     finally:
         eng.close()
 
 
-def gloo_rank(
-    rank: int, world: int, count: int, iters: int, rendezvous: Queue[Any], mine: Queue[Any]
-) -> list[float]:
+def gloo_rank(w: Worker) -> list[float]:
     import torch
     import torch.distributed as dist
 
-    if rank == 0:
+    if w.rank == 0:
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        for _ in range(world - 1):
-            rendezvous.put(port)
-    else:
-        port = mine.get(timeout=120)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    tensor = torch.empty(count, dtype=torch.float32)
+            s.bind((w.host, 0))
+            w.publish("gloo", [w.host, s.getsockname()[1]])
+    host, port = w.lookup("gloo")
+    dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=w.rank, world_size=w.world)
+    tensor = torch.empty(w.count, dtype=torch.float32)
 
     def once() -> None:
-        tensor.fill_(rank + 1)
+        tensor.fill_(w.rank + 1)
         dist.all_reduce(tensor)
     try:
-        return _timed(once, array=tensor.numpy(), world=world, iters=iters, sync=dist.barrier)
+        return _timed(once, array=tensor.numpy(), world=w.world, iters=w.iters, sync=dist.barrier)
     finally:
         dist.destroy_process_group()
 
 
-def star_rank(
-    rank: int, world: int, count: int, iters: int, rendezvous: Queue[Any], mine: Queue[Any]
-) -> list[float]:
-    array = np.empty(count, np.float32)
-    if rank == 0:
-        server = socket.create_server(("127.0.0.1", 0))
-        for _ in range(world - 1):
-            rendezvous.put(server.getsockname()[1])
-        conns = [server.accept()[0] for _ in range(world - 1)]
+def star_rank(w: Worker) -> list[float]:
+    array = np.empty(w.count, np.float32)
+    if w.rank == 0:
+        server = socket.create_server((w.host, 0))
+        w.publish("star", [w.host, server.getsockname()[1]])
+        conns = [server.accept()[0] for _ in range(w.world - 1)]
         server.close()
-        scratch = [np.empty(count, np.float32) for _ in conns]
+        scratch = [np.empty(w.count, np.float32) for _ in conns]
         lock = threading.Lock()
 
         def once() -> None:
-            array.fill(rank + 1)
+            array.fill(w.rank + 1)
             pairs = zip(conns, scratch, strict=True)
             _in_threads([functools.partial(_star_gather, c, s, array, lock) for c, s in pairs])
             _in_threads([functools.partial(c.sendall, array.data.cast("B")) for c in conns])
     else:
-        conn = socket.create_connection(("127.0.0.1", mine.get(timeout=120)))
+        conn = socket.create_connection(tuple(w.lookup("star")))
         conns = [conn]
 
         def once() -> None:
-            array.fill(rank + 1)
+            array.fill(w.rank + 1)
             conn.sendall(array.data.cast("B"))
             _recv_into(conn, array.data.cast("B"))
     for c in conns:
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
-        return _timed(once, array=array, world=world, iters=iters, sync=lambda: None)
+        return _timed(once, array=array, world=w.world, iters=w.iters, sync=lambda: None)
     finally:
         for c in conns:
             c.close()
@@ -163,49 +161,73 @@ def _timed(once: Callable[[], None], *, array: np.ndarray, world: int, iters: in
     return times
 
 
-RUNNERS = {"ringseed": ringseed_rank, "gloo": gloo_rank, "star": star_rank}
+RUNNERS: dict[str, Callable[[Worker], list[float]]] = {"ringseed": ringseed_rank, "gloo": gloo_rank,
+                                                      "star": star_rank}
 
 
-def _child(backend: str, rank: int, world: int, count: int, iters: int, rendezvous: Queue[Any], mine: Queue[Any],
-           results: Queue[Any]) -> None:
+@dataclasses.dataclass(frozen=True)
+class Worker:
+    """One rank's arguments; rendezvous goes through small files in ``folder`` (works across namespaces)."""
+
+    backend: str
+    rank: int
+    world: int
+    count: int
+    iters: int
+    folder: Path
+    host: str
+
+    def publish(self, key: str, value: Any) -> None:
+        tmp = self.folder / f".{key}.tmp"
+        tmp.write_text(json.dumps(value))
+        tmp.rename(self.folder / key)
+
+    def lookup(self, key: str, timeout: float = 120.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while not (self.folder / key).exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nobody published {key!r}")
+            time.sleep(0.02)
+        return json.loads((self.folder / key).read_text())
+
+
+def worker_main(argv: list[str]) -> int:
+    backend, rank, world, count, iters, folder, host = argv
+    w = Worker(backend=backend, rank=int(rank), world=int(world), count=int(count), iters=int(iters),
+               folder=Path(folder), host=host)
     try:
-        results.put((rank, RUNNERS[backend](rank, world, count, iters, rendezvous, mine)))
+        w.publish(f"result{w.rank}", RUNNERS[backend](w))
     except BaseException as exc:
-        results.put((rank, f"{type(exc).__name__}: {exc}"))
+        w.publish(f"result{w.rank}", f"{type(exc).__name__}: {exc}")
+        return 1
+    return 0
 
 
-def measure(backend: str, *, world: int, nbytes: int, iters: int) -> float:
+def measure(backend: str, *, world: int, nbytes: int, iters: int, testbed: Any = None) -> float:
     """Median over iterations of the slowest rank's time for one all-reduce, in seconds."""
-    ctx = multiprocessing.get_context("spawn")
-    rendezvous, results = ctx.Queue(), ctx.Queue()
-    mines = [ctx.Queue() for _ in range(world)]
-    procs = [ctx.Process(target=_child, args=(backend, r, world, nbytes // 4, iters, rendezvous, mines[r], results))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        _relay(backend, world=world, rendezvous=rendezvous, mines=mines)
-        reports = dict(results.get(timeout=600) for _ in range(world))
-    finally:
+    with tempfile.TemporaryDirectory(prefix="ringseed-bench-") as folder:
+        procs = []
+        for rank in range(world):
+            host = testbed.nodes[rank] if testbed is not None else None
+            args = [sys.executable, str(Path(__file__).resolve()), "--worker", backend, str(rank), str(world),
+                    str(nbytes // 4), str(iters), folder, host.address if host else "127.0.0.1"]
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0" if host else "lo", "PYTHONPATH": str(REPO)}
+            procs.append(host.popen(args, env=env) if host else subprocess.Popen(args, env=env))
         for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
+            try:
+                p.wait(timeout=600)
+            except subprocess.TimeoutExpired:
                 p.kill()
-    errors = [v for v in reports.values() if isinstance(v, str)]
+                p.wait()
+        reports = [Worker.lookup(_reader(folder), f"result{r}", timeout=5) for r in range(world)]
+    errors = [v for v in reports if isinstance(v, str)]
     if errors:
         raise RuntimeError(f"{backend} N={world}: {errors[0]}")
-    return float(statistics.median(max(ts) for ts in zip(*reports.values(), strict=True)))
+    return float(statistics.median(max(ts) for ts in zip(*reports, strict=True)))
 
 
-def _relay(backend: str, *, world: int, rendezvous: Queue[Any], mines: list[Queue[Any]]) -> None:
-    if backend == "ringseed":
-        addresses = dict(rendezvous.get(timeout=120) for _ in range(world))
-        ring = [addresses[r] for r in range(world)]
-        for q in mines:
-            q.put(ring)
-    else:
-        for r in range(1, world):
-            mines[r].put(rendezvous.get(timeout=120))
+def _reader(folder: str) -> Worker:
+    return Worker(backend="", rank=0, world=0, count=0, iters=0, folder=Path(folder), host="")
 
 
 def kill_row(world: int, size_mib: int) -> dict[str, Any] | None:
@@ -221,35 +243,57 @@ def kill_row(world: int, size_mib: int) -> dict[str, Any] | None:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--worker"]:
+        return worker_main(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="sizes 1 and 16 MiB only")
     parser.add_argument("--peers", default="2,3,4")
     parser.add_argument("--sizes", default=None, help="MiB, comma-separated (default 1,4,16,64,256)")
     parser.add_argument("--backends", default="ringseed,gloo,star")
     parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--link-rate", default=None,
+                        help="run each rank in its own network namespace with links shaped to this rate "
+                             "(e.g. 1gbit; needs root, ip and tc) instead of plain loopback")
     parser.add_argument("--no-kill", action="store_true", help="skip the SIGKILL recovery row")
     args = parser.parse_args()
     sizes = [int(s) for s in (args.sizes or ("1,16" if args.quick else "1,4,16,64,256")).split(",")]
     peers = [int(n) for n in args.peers.split(",")]
     backends = [b for b in args.backends.split(",") if b != "gloo" or _has_torch()]
-    print(f"{'backend':<9} {'N':>2} {'size':>8} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11}")
+    where = f"network namespaces, links shaped to {args.link_rate}" if args.link_rate else "loopback"
+    print(f"float32 SUM all-reduce on {where}\n"
+          f"{'backend':<9} {'N':>2} {'size':>8} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11}")
     table: dict[tuple[str, int, int], float] = {}
     for world in peers:
-        for size in sizes:
-            for backend in backends:
-                seconds = measure(backend, world=world, nbytes=size * MiB, iters=args.iters)
-                algbw = size * MiB / seconds / 1e9
-                table[backend, world, size] = algbw * 2 * (world - 1) / world
-                print(f"{backend:<9} {world:>2} {size:>5} MiB {seconds * 1e3:>9.2f} {algbw:>11.3f} "
-                      f"{table[backend, world, size]:>11.3f}", flush=True)
+        with _testbed(world, args.link_rate) as testbed:
+            for size in sizes:
+                for backend in backends:
+                    seconds = measure(backend, world=world, nbytes=size * MiB, iters=args.iters, testbed=testbed)
+                    algbw = size * MiB / seconds / 1e9
+                    table[backend, world, size] = algbw * 2 * (world - 1) / world
+                    print(f"{backend:<9} {world:>2} {size:>5} MiB {seconds * 1e3:>9.2f} {algbw:>11.3f} "
+                          f"{table[backend, world, size]:>11.3f}", flush=True)
     _print_ratios(table, peers=peers, sizes=sizes)
     if not args.no_kill:
         result = kill_row(world=max(peers), size_mib=16)
         if result is not None:
-            print(f"SIGKILL of 1 of {max(peers)} peers during 16 MiB all-reduces: retry completed "
+            print(f"SIGKILL of 1 of {max(peers)} peers during 16 MiB all-reduces (loopback): retry completed "
                   f"{result.get('recovery_seconds', float('nan')):.3f} s after the kill "
                   f"(abort seen after {result.get('abort_seconds')}, ok={result.get('ok')})")
     return 0
+
+
+@contextlib.contextmanager
+def _testbed(world: int, rate: str | None) -> Iterator[Any]:
+    if rate is None:
+        yield None
+        return
+    from ringseed.testbed import links, netns
+
+    problem = netns.can_run()
+    if problem:
+        raise SystemExit(f"--link-rate needs a testbed: {problem}")
+    with netns.Testbed(nodes=world, origin_rate=None, node_rate=links.parse_rate(rate)) as testbed:
+        yield testbed
 
 
 def _print_ratios(table: dict[tuple[str, int, int], float], *, peers: list[int], sizes: list[int]) -> None:

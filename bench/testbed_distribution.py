@@ -1,0 +1,190 @@
+"""Distribution on the netns testbed: ringseed vs direct download vs a libtorrent swarm, same run.
+
+    sudo .venv/bin/python -m bench.testbed_distribution --nodes 4,8,16 --size 256Mi \
+        --origin-rate 100mbit --node-rate 1gbit [--methods ringseed,libtorrent,direct] [--json OUT]
+
+For each N: an origin host (link B_o) and N node hosts (links B_l, both directions shaped with
+tc tbf), the model served by the origin host over HTTP. Every method starts its processes,
+waits until they are ready, then all start at one gate; T runs from the gate until the last
+node holds the whole model. Printed per method: T, T* = S/B_o + ceil(log2 N) x chunk/B_l,
+T/T*, and origin bytes / S (layer-2 bytes the origin's link sent over the model size).
+Rates in T* are the nominal link rates (tbf counts layer-2 bytes; MTU 9000 leaves 99.3% to TCP).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import testbed_common as common
+from ringseed.protocol import units
+from ringseed.testbed import links, netns
+
+MASTER_PORT, AGENT_PORT, HTTP_PORT, TORRENT_PORT = 8470, 8471, 8000, 6881
+
+
+def t_star(*, size: int, chunk: int, nodes: int, origin_bps: float, node_bps: float) -> float:
+    hops = math.ceil(math.log2(nodes)) if nodes > 1 else 0
+    return size / (origin_bps / 8) + hops * min(chunk, size) / (node_bps / 8)
+
+
+def run_ringseed(tb: netns.Testbed, *, work: Path, chunk: int, heartbeat: float, timeout: float) -> dict[str, Any]:
+    token = secrets.token_hex(16)
+    env = {"RINGSEED_TOKEN": token}
+    origin = tb.origin
+    master_url = f"http://{origin.address}:{MASTER_PORT}"
+    procs = [common.spawn(origin, [common.PY, "-m", "ringseed.cli", "master", "--role", "tracker", "--port", str(MASTER_PORT),
+                          "--heartbeat-interval", str(heartbeat)], log=work / "logs/master.log", env=env)]  # fmt: skip
+    for host in tb.nodes:
+        node_dir = work / "nodes" / host.name
+        procs.append(common.spawn(host, [common.PY, "-m", "ringseed.cli", "agent", "--master-url", master_url,
+                            "--node-name", host.name, "--advertise-host", host.address, "--port", str(AGENT_PORT),
+                            "--source", f"http://{origin.address}:{HTTP_PORT}/", "--chunk-size", str(chunk),
+                            "--model-name", "bench/model", "--data-dir", str(node_dir / "data"),
+                            "--cache-dir", str(node_dir / "cache"), "--memory-bytes", "128Mi"],
+                     log=work / f"logs/{host.name}.log", env=env))  # fmt: skip
+    status_url = f"{master_url}/v1/status"
+    def wait(pred: Any, *, timeout: float, what: str) -> dict[str, Any]:
+        return _wait(pred, origin, status_url, token, procs=procs, timeout=timeout, what=what)
+
+    wait(lambda s: s.get("nodes_total") == len(tb.nodes), timeout=60, what="registration")
+    start = common.gate(work / "gate")
+    status = wait(lambda s: s.get("nodes_ready") == len(tb.nodes), timeout=timeout, what="every node verified")
+    seconds = time.time() - start
+    digests = {_marker(work / "nodes" / h.name) for h in tb.nodes}
+    return {"seconds": seconds, "ok": digests == {status.get("manifest_digest")},
+            "status_origin_bytes": status.get("bytes_from_origin")}  # fmt: skip
+
+
+def _marker(node_dir: Path) -> str | None:
+    try:
+        data: dict[str, Any] = json.loads((node_dir / "data/bench/model/.ringseed-complete").read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("manifest_digest")
+
+
+def _wait(
+    pred: Any, host: netns.Host, url: str, token: str, *, procs: list[Any], timeout: float, what: str
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"ringseed: a master or agent exited while waiting for {what} (see --keep logs)")
+        status = common.curl_json(host, url, token=token)
+        if isinstance(status, dict) and pred(status):
+            return status
+        time.sleep(0.1)
+    raise TimeoutError(f"ringseed: no {what} within {timeout:.0f}s")
+
+
+def run_direct(tb: netns.Testbed, *, work: Path, timeout: float) -> dict[str, Any]:
+    base = f"http://{tb.origin.address}:{HTTP_PORT}/"
+    procs = [common.spawn(h, [common.PY, "-m", "bench.baselines.direct", base, "--node", h.name, "--gate",
+                              str(work / "gate")], log=work / f"logs/direct-{h.name}.log") for h in tb.nodes]  # fmt: skip
+    time.sleep(1.0)  # let the clients import and reach the gate
+    start = common.gate(work / "gate")
+    reports = [json.loads(common.read_line(p, timeout=timeout, what="direct client")) for p in procs]
+    return {"seconds": max(r["end"] for r in reports) - start, "ok": len({r["sha256"] for r in reports}) == 1}
+
+
+def run_libtorrent(tb: netns.Testbed, *, work: Path, model: Path, torrent: Path, timeout: float) -> dict[str, Any]:
+    peers = [f"{h.address}:{TORRENT_PORT}" for h in tb.hosts]
+    gate, stop = str(work / "gate"), str(work / "stop")
+    seed = common.spawn(tb.origin, [common.PY, "-m", "bench.baselines.torrent", "seed", str(torrent),
+                                    str(model.parent), "--listen", peers[0], "--gate", gate, "--stop", stop],
+                        log=work / "logs/lt-seed.log")  # fmt: skip
+    procs = []
+    for index, host in enumerate(tb.nodes, start=1):
+        others = ",".join(p for i, p in enumerate(peers) if i != index)
+        procs.append(common.spawn(host, [common.PY, "-m", "bench.baselines.torrent", "peer", str(torrent),
+                                         str(work / "lt" / host.name), "--listen", peers[index], "--connect", others,
+                                         "--gate", gate, "--stop", stop, "--node", host.name],
+                                  log=work / f"logs/lt-{host.name}.log"))  # fmt: skip
+    for proc in [seed, *procs]:
+        common.read_line(proc, timeout=120, what="libtorrent READY")
+    start = common.gate(work / "gate")
+    reports = [json.loads(common.read_line(p, timeout=timeout, what="libtorrent peer")) for p in procs]
+    common.gate(work / "stop")
+    return {"seconds": max(r["end"] for r in reports) - start, "ok": all(r["bytes"] > 0 for r in reports)}
+
+
+def one_method(method: str, args: argparse.Namespace, *, nodes: int, model: Path, torrent: Path) -> dict[str, Any]:
+    """Run one method on a fresh testbed of ``nodes`` nodes; adds origin bytes from the link counters."""
+    work = Path(tempfile.mkdtemp(prefix=f"rs-dist-{method}-", dir=args.workdir))
+    try:
+        with netns.Testbed(nodes=nodes, origin_rate=args.origin_bps, node_rate=args.node_bps) as tb:
+            server = common.spawn(tb.origin, [common.PY, "-m", "bench.baselines.http_origin", str(model), "--port",
+                                              str(HTTP_PORT), "--gate", str(work / "gate")],
+                                  log=work / "logs/origin.log")  # fmt: skip
+            common.read_line(server, timeout=60, what="origin server")
+            before = common.sent_bytes(tb.origin)
+            if method == "ringseed":
+                result = run_ringseed(tb, work=work, chunk=args.chunk, heartbeat=args.heartbeat, timeout=args.timeout)
+            elif method == "direct":
+                result = run_direct(tb, work=work, timeout=args.timeout)
+            else:
+                result = run_libtorrent(tb, work=work, model=model, torrent=torrent, timeout=args.timeout)
+            result["origin_link_bytes"] = common.sent_bytes(tb.origin) - before
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="4,8,16")
+    parser.add_argument("--size", default="256Mi")
+    parser.add_argument("--chunk-size", default="64Mi")
+    parser.add_argument("--origin-rate", default="100mbit")
+    parser.add_argument("--node-rate", default="1gbit")
+    parser.add_argument("--methods", default="ringseed,libtorrent,direct")
+    parser.add_argument("--heartbeat", type=float, default=0.5, help="master --heartbeat-interval")
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--keep", action="store_true", help="keep work directories (logs)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    reason = netns.can_run()
+    if reason:
+        print(f"testbed_distribution: {reason}")
+        return 1
+    args.origin_bps, args.node_bps = links.parse_rate(args.origin_rate), links.parse_rate(args.node_rate)
+    args.chunk, size = units.parse_size(args.chunk_size), units.parse_size(args.size)
+    root = Path(tempfile.mkdtemp(prefix="rs-dist-model-", dir=args.workdir))
+    rows = []
+    try:
+        model = common.write_model(root / "model", size=size)
+        torrent = root / "model.torrent"
+        subprocess.run([common.PY, "-m", "bench.baselines.torrent", "make", str(model), str(torrent)],
+                       cwd=common.REPO, check=True)  # fmt: skip
+        print(f"S={size / common.MiB:g} MiB chunk={args.chunk / common.MiB:g} MiB B_o={args.origin_rate} "
+              f"B_l={args.node_rate} MTU={links.DEFAULT_MTU}")  # fmt: skip
+        print(f"{'N':>3} {'method':<11} {'T s':>8} {'T* s':>8} {'T/T*':>6} {'origin/S':>8} ok")
+        for nodes in [int(n) for n in args.nodes.split(",")]:
+            bound = t_star(size=size, chunk=args.chunk, nodes=nodes, origin_bps=args.origin_bps, node_bps=args.node_bps)
+            for method in args.methods.split(","):
+                result = one_method(method, args, nodes=nodes, model=model, torrent=torrent)
+                row = {"nodes": nodes, "method": method, "bound": bound, "size": size, **result}
+                rows.append(row)
+                print(f"{nodes:>3} {method:<11} {result['seconds']:>8.2f} {bound:>8.2f} "
+                      f"{result['seconds'] / bound:>6.3f} {result['origin_link_bytes'] / size:>8.3f} "
+                      f"{result['ok']}", flush=True)  # fmt: skip
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -17,7 +17,9 @@ Rules:
   counters and the batch of new chunks, and learns duty, hashes and availability. A 404
   ``unknown_node`` (master restarted or purged us) means register again with everything held.
 - When every chunk is held: make the writes durable, materialise atomically under
-  ``<data-dir>/<namespace>/<name>/`` and report the manifest digest; keep serving peers.
+  ``<data-dir>/<namespace>/<name>/`` and report the manifest digest; keep serving peers. With an
+  expected digest (``RINGSEED_EXPECTED_DIGEST``, the resource's ``source.digest``) a model whose
+  digest differs is never published (logged as an error; the node never reports verified).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class Config:
     upload_slots: int = 8
     origin_depth: int = 2
     corrupt_uploads: bool = False
+    expected_digest: str | None = None
 
 
 class Agent:
@@ -314,6 +317,9 @@ class Agent:
         hashes = tuple(self.hashes[i] for i in range(self.layout.chunk_count))
         digest = manifest.Manifest(layout=self.layout, chunk_hashes=hashes).digest
         await asyncio.to_thread(self.store.commit, self._take_uncommitted())
+        if self.config.expected_digest and digest != self.config.expected_digest:
+            log.error("Model digest %s is not the expected %s; not publishing it", digest, self.config.expected_digest)
+            return
         await asyncio.to_thread(self.store.materialise, model_dir=self.model_dir, digest=digest)
         self.verified_digest = digest
         self.news.set()

@@ -2,7 +2,8 @@
 
 Owns the agent's command line (docs/contracts.md, "Command lines the operator builds") and its
 environment fallbacks (``RINGSEED_MASTER_URL``, ``RINGSEED_NODE_NAME``, ``RINGSEED_ADVERTISE_HOST``,
-``RINGSEED_TOKEN``). Test-only: ``RINGSEED_FAULT_CORRUPT_UPLOADS=1`` makes the agent serve
+``RINGSEED_TOKEN``); ``RINGSEED_EXPECTED_DIGEST`` (optional) is the manifest digest the model
+must have to be published. Test-only: ``RINGSEED_FAULT_CORRUPT_UPLOADS=1`` makes the agent serve
 corrupted chunks (a lying peer for the fault tests); never set it in production.
 SIGTERM and SIGINT stop the agent cleanly (journal flushed).
 """
@@ -71,6 +72,7 @@ def _config(args: argparse.Namespace, *, token: str, namespace: str, name: str) 
         download_slots=args.download_slots,
         upload_slots=args.upload_slots,
         corrupt_uploads=os.environ.get("RINGSEED_FAULT_CORRUPT_UPLOADS") == "1",
+        expected_digest=os.environ.get("RINGSEED_EXPECTED_DIGEST") or None,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -82,3 +83,24 @@ def test_published_manifest_supplies_every_hash(
     status = local.wait_for(local.all_verified, timeout=120, what="all verified")
     assert status["manifest_digest"] == expected.digest  # the manifest's chunk size wins over --chunk-size
     assert_copies(local, expected)
+
+
+def test_model_with_unexpected_digest_is_never_published(
+    tmp_path: Path, swarm_factory: Callable[..., swarm.LocalSwarm]
+) -> None:
+    root = make_model(tmp_path / "model", odd_sizes(4, files=2))
+    expected = source_manifest(root, chunk_size=MiB)
+    local = swarm_factory(source=root.as_uri(), nodes=2, chunk_size=MiB)
+    local.start_master()
+    local.start_agent("node-0", env={"RINGSEED_EXPECTED_DIGEST": expected.digest})
+    local.start_agent("node-1", env={"RINGSEED_EXPECTED_DIGEST": "0" * 64})
+    status = local.wait_for(
+        lambda s: local.all_verified(s, ["node-0"]) and s["nodes"].get("node-1", {}).get("complete", False),
+        timeout=120,
+        what="node-0 verified and node-1 holding every chunk",
+    )
+    time.sleep(2.0)  # node-1 has had time to finish; it must still refuse to publish
+    assert not local.status()["nodes"]["node-1"]["verified"]  # type: ignore[index]
+    assert not status["nodes"]["node-1"]["verified"]
+    assert not local.model_dir("node-1").exists()
+    assert_copies(local, expected, ["node-0"])

@@ -41,8 +41,9 @@ def run_ringseed(tb: netns.Testbed, *, work: Path, chunk: int, heartbeat: float,
     env = {"RINGSEED_TOKEN": token}
     origin = tb.origin
     master_url = f"http://{origin.address}:{MASTER_PORT}"
-    procs = [common.spawn(origin, [common.PY, "-m", "ringseed.cli", "master", "--role", "tracker", "--port", str(MASTER_PORT),
-                          "--heartbeat-interval", str(heartbeat)], log=work / "logs/master.log", env=env)]  # fmt: skip
+    master = [common.PY, "-m", "ringseed.cli", "master", "--role", "tracker", "--port", str(MASTER_PORT)]
+    master += ["--heartbeat-interval", str(heartbeat)]
+    procs = [common.spawn(origin, master, log=work / "logs/master.log", env=env)]
     for host in tb.nodes:
         node_dir = work / "nodes" / host.name
         procs.append(common.spawn(host, [common.PY, "-m", "ringseed.cli", "agent", "--master-url", master_url,
@@ -88,8 +89,12 @@ def _wait(
 
 def run_direct(tb: netns.Testbed, *, work: Path, timeout: float) -> dict[str, Any]:
     base = f"http://{tb.origin.address}:{HTTP_PORT}/"
-    procs = [common.spawn(h, [common.PY, "-m", "bench.baselines.direct", base, "--node", h.name, "--gate",
-                              str(work / "gate")], log=work / f"logs/direct-{h.name}.log") for h in tb.nodes]  # fmt: skip
+    gate = str(work / "gate")
+    procs = [
+        common.spawn(h, [common.PY, "-m", "bench.baselines.direct", base, "--node", h.name, "--gate", gate],
+                     log=work / f"logs/direct-{h.name}.log")
+        for h in tb.nodes
+    ]
     time.sleep(1.0)  # let the clients import and reach the gate
     start = common.gate(work / "gate")
     reports = [json.loads(common.read_line(p, timeout=timeout, what="direct client")) for p in procs]

@@ -48,7 +48,8 @@ def main() -> None:
         time.sleep(0.01)
     start = time.time()
     total, sha = fetch(args.base, out=args.out)
-    print(json.dumps({"node": args.node, "bytes": total, "sha256": sha, "start": start, "end": time.time()}), flush=True)
+    report = {"node": args.node, "bytes": total, "sha256": sha, "start": start, "end": time.time()}
+    print(json.dumps(report), flush=True)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 
 from aiohttp import web
@@ -27,24 +28,36 @@ def index_of(root: Path) -> dict[str, list[dict[str, object]]]:
     }
 
 
-def make_app(*, root: Path, gate: Path | None) -> web.Application:
-    index = json.dumps(index_of(root)).encode()
+def wait_file(path: Path) -> None:
+    while not path.exists():
+        time.sleep(0.01)
 
-    async def wait_gate() -> None:
-        while gate is not None and not gate.exists():
-            await asyncio.sleep(0.01)
+
+def make_app(*, root: Path, gate: Path | None) -> web.Application:
+    listing = index_of(root)
+    index = json.dumps(listing).encode()
+    files = {str(entry["path"]): root / str(entry["path"]) for entry in listing["files"]}
+    opened = asyncio.Event()
+
+    async def watch_gate(app: web.Application) -> None:
+        if gate is not None:
+            await asyncio.to_thread(wait_file, gate)
+        opened.set()
+
+    async def start_watch(app: web.Application) -> None:
+        app["gate_task"] = asyncio.create_task(watch_gate(app))
 
     async def serve(request: web.Request) -> web.StreamResponse:
-        await wait_gate()
+        await opened.wait()
         rel = request.match_info["path"]
         if rel in ("", "index.json"):
             return web.Response(body=index, content_type="application/json")
-        path = (root / rel).resolve()
-        if root.resolve() not in path.parents or not path.is_file():
+        if rel not in files:
             raise web.HTTPNotFound()
-        return web.FileResponse(path)
+        return web.FileResponse(files[rel])
 
     app = web.Application()
+    app.on_startup.append(start_watch)
     app.router.add_get("/{path:.*}", serve)
     return app
 

@@ -23,7 +23,7 @@ import json
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
-from ringseed.agent.origins import base, http, local, s3
+from ringseed.agent.origins import base, http, local
 from ringseed.protocol import manifest
 
 Origin = base.Origin
@@ -54,6 +54,8 @@ def open_origin(
     if scheme in ("http", "https"):
         return http.HTTPOrigin(uri, limiter=limiter, policy=policy, read_timeout=read_timeout, secret_env=secret_env)
     if scheme == "s3":
+        from ringseed.agent.origins import s3  # botocore costs ~0.1 s to import; only S3 needs it
+
         return s3.S3Origin(uri, limiter=limiter, policy=policy, read_timeout=read_timeout, secret_env=secret_env)
     raise OriginError(f"{uri}: unsupported scheme {scheme!r} (use file://, http://, https:// or s3://)")
 

@@ -25,7 +25,8 @@ MiB = 1 << 20
 
 def table_row(backend: str, *, world: int, size: int, seconds: float, link: float) -> dict[str, Any]:
     busbw = size * MiB / seconds * 2 * (world - 1) / world
-    return {"backend": backend, "nodes": world, "mib": size, "seconds": seconds, "busbw": busbw, "of_link": busbw / link}
+    return {"backend": backend, "nodes": world, "mib": size, "seconds": seconds, "busbw": busbw,
+            "of_link": busbw / link}  # fmt: skip
 
 
 def main() -> int:

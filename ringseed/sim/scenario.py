@@ -69,6 +69,7 @@ class Result:
 
     scenario: Scenario
     seconds: float
+    simulated_seconds: float
     bound: float
     origin_bytes: int
     completed: int

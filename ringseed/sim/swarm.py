@@ -288,6 +288,7 @@ class Swarm:
         return scenario.Result(
             scenario=config,
             seconds=seconds + tail,
+            simulated_seconds=seconds,
             bound=scenario.bound(config),
             origin_bytes=self.origin_bytes + extra * config.chunk_bytes,
             completed=len(finish),

@@ -1,0 +1,158 @@
+"""Swarm simulator scenarios: calibration against the testbed, and 500 GB at 100 to 10,000 nodes.
+
+    .venv/bin/python -m bench.sim [--quick] [--only calibration|classic|default] [--json OUT]
+
+- calibration: the testbed's setting (256 MiB, 64 MiB chunks, B_o 100 Mbit/s, B_l 1 Gbit/s,
+  N = 4, 8, 16; link rates times the TCP share at MTU 9000), to compare with
+  ``bench/testbed_distribution.py``'s measured T.
+- classic: 500 GB, 10 Gbit/s origin and nodes, 1 GB chunks (T* = 408 s at N = 1,000),
+  N = 100, 1,000, 10,000, 1% of the nodes failing between 0.2 T* and 0.6 T*.
+- default: the same with ringseed's default chunk (64 MiB).
+
+Approximation, printed on every line it applies to: where N x chunks exceeds ``--budget``
+chunk transfers, two prefixes of K and 2K chunks are simulated (all N nodes, links, failures)
+and T is extrapolated linearly: T = T(2K) + (C - 2K) x max(slope, chunk/B_o), slope =
+(T(2K) - T(K)) / K, i.e. the swarm is assumed to keep the per-chunk pace it had over the
+second prefix. ``--quick`` lowers the budget and drops N = 10,000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ringseed.sim import scenario, swarm
+from ringseed.testbed import links
+
+GBIT = 1e9 / 8
+MiB = 1 << 20
+
+
+def run(config: scenario.Scenario, *, budget: int) -> dict[str, Any]:
+    """Simulate exactly, or by two prefixes and a linear extrapolation when too large."""
+    chunks = config.chunks
+    if config.nodes * chunks <= budget:
+        result = swarm.simulate(config)
+        return _row(config, result.seconds, result, note="exact")
+    k = max(4, budget // (2 * config.nodes))
+    short = swarm.simulate(_prefix(config, k))
+    long = swarm.simulate(_prefix(config, 2 * k))
+    slope = max((long.simulated_seconds - short.simulated_seconds) / k, config.chunk_bytes / config.origin_rate)
+    seconds = long.simulated_seconds + (chunks - 2 * k) * slope
+    note = f"approx: prefixes of {k} and {2 * k} of {chunks} chunks, linear extrapolation ({slope:.3f} s/chunk)"
+    return _row(config, seconds, long, note=note, wall=short.wall_seconds + long.wall_seconds)
+
+
+def _prefix(config: scenario.Scenario, k: int) -> scenario.Scenario:
+    values = {f: getattr(config, f) for f in config.__dataclass_fields__}
+    values["prefix_chunks"] = k
+    return scenario.Scenario(**values)
+
+
+def _row(
+    config: scenario.Scenario, seconds: float, result: scenario.Result, *, note: str, wall: float | None = None
+) -> dict[str, Any]:
+    bound = scenario.bound(config)
+    return {
+        "nodes": config.nodes,
+        "chunk": config.chunk_bytes,
+        "model": config.model_bytes,
+        "seconds": seconds,
+        "bound": bound,
+        "ratio": seconds / bound,
+        "failed": result.failed,
+        "completed": result.completed,
+        "wall": wall if wall is not None else result.wall_seconds,
+        "note": note,
+        "origin_ratio": result.origin_ratio,
+    }
+
+
+def calibration() -> list[scenario.Scenario]:
+    share = links.goodput_fraction()
+    return [
+        scenario.Scenario(
+            model_bytes=256 * MiB,
+            chunk_bytes=64 * MiB,
+            nodes=n,
+            origin_rate=0.1 * GBIT * share,
+            node_up=GBIT * share,
+            node_down=GBIT * share,
+        )
+        for n in (4, 8, 16)
+    ]
+
+
+def big(*, chunk: int, quick: bool) -> list[scenario.Scenario]:
+    sizes = (100, 1000) if quick else (100, 1000, 10_000)
+    return [
+        scenario.Scenario(
+            model_bytes=500 * 10**9,
+            chunk_bytes=chunk,
+            nodes=n,
+            origin_rate=10 * GBIT,
+            node_up=10 * GBIT,
+            node_down=10 * GBIT,
+            fail_fraction=0.01,
+        )
+        for n in sizes
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", choices=("calibration", "classic", "default"), default=None)
+    parser.add_argument("--budget", type=int, default=None, help="exact runs up to this many chunk transfers")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    budget = args.budget or (20_000 if args.quick else 200_000)
+    groups = {
+        "calibration": calibration(),
+        "classic": big(chunk=10**9, quick=args.quick),
+        "default": big(chunk=64 * MiB, quick=args.quick),
+    }
+    rows = []
+    print(f"{'group':<12} {'N':>6} {'chunk':>9} {'T s':>9} {'T* s':>9} {'T/T*':>6} {'failed':>6} {'wall s':>7}  note")
+    for name, configs in groups.items():
+        if args.only and name != args.only:
+            continue
+        for config in configs:
+            row = {"group": name, **run(config, budget=budget)}
+            rows.append(row)
+            chunk = f"{config.chunk_bytes / MiB:.0f}MiB" if config.chunk_bytes < 10**9 else "1GB"
+            print(
+                f"{name:<12} {config.nodes:>6} {chunk:>9} {row['seconds']:>9.1f} {row['bound']:>9.1f} "
+                f"{row['ratio']:>6.3f} {row['failed']:>6} {row['wall']:>7.1f}  {row['note']}",
+                flush=True,
+            )
+    _growth(rows)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def _growth(rows: list[dict[str, Any]]) -> None:
+    """How T grows with N within each group: T(N) - T(N_min) against the bound's log2 term."""
+    for name in ("classic", "default"):
+        group = sorted((r for r in rows if r["group"] == name), key=lambda r: r["nodes"])
+        if len(group) < 2:
+            continue
+        base = group[0]
+        steps = ", ".join(
+            f"N={r['nodes']}: +{r['seconds'] - base['seconds']:.1f} s (log2 term +{_hops(base, r):.1f} s)"
+            for r in group[1:]
+        )
+        print(f"growth {name}: vs N={base['nodes']}: {steps}")
+
+
+def _hops(base: dict[str, Any], row: dict[str, Any]) -> float:
+    extra = math.ceil(math.log2(row["nodes"])) - math.ceil(math.log2(base["nodes"]))
+    return float(extra * row["chunk"] / (10 * GBIT))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -25,8 +25,8 @@ class Agents:
     """How an agent behaves (mirrors the real agent's defaults; see ringseed/agent)."""
 
     download_slots: int = 4
-    upload_slots: int = 4
-    origin_slots: int = 1
+    upload_slots: int = 8
+    origin_slots: int = 2
     peer_limit: int = 4
     holder_sample: int = 16
     notify_delay: float = 0.0

@@ -146,14 +146,14 @@ def _send_loop(state: _State, sock: socket.socket, channel: int, channels: int) 
         if state.failed:
             raise Failed("aborted")
         if job.quantize is None:
-            payload = memoryview(job.array[item.start:item.stop]).cast("B")
+            payload = _bytes(job.array[item.start:item.stop])
         elif item.stored:
-            payload = memoryview(_stored(state, item.seg))
+            payload = _bytes(_stored(state, item.seg))
         else:
             scratch = _grow(scratch, quantize.encoded_nbytes(item.stop - item.start, job.quantize))
             out = scratch[: quantize.encoded_nbytes(item.stop - item.start, job.quantize)]
             quantize.encode(job.array[item.start:item.stop], dtype=job.dtype, mode=job.quantize, out=out)
-            payload = memoryview(out)
+            payload = _bytes(out)
         header = frames.Header(kind=frames.Kind.DATA, dtype=wire, tag=job.tag, sequence=item.seq,
                                nbytes=len(payload))
         transport.send_frame(sock, header, payload)
@@ -176,10 +176,10 @@ def _recv_loop(state: _State, sock: socket.socket, channel: int, channels: int) 
             _recv_quantized(state, sock, item, wire[:nbytes], staging[:count])
         elif item.reduce:
             staging = _grow(staging, count)
-            transport.recv_exact(sock, memoryview(staging[:count]).cast("B"))
+            transport.recv_exact(sock, _bytes(staging[:count]))
             _reduce(state, item, staging[:count])
         else:
-            transport.recv_exact(sock, memoryview(job.array[item.start:item.stop]).cast("B"))
+            transport.recv_exact(sock, _bytes(job.array[item.start:item.stop]))
         state.mark(item.seq)
 
 
@@ -198,11 +198,11 @@ def _recv_quantized(
     region = job.array[item.start:item.stop]
     if not item.reduce:                                   # all-gather: keep the bytes to forward them
         stored = np.empty(len(wire), np.uint8)
-        transport.recv_exact(sock, memoryview(stored))
+        transport.recv_exact(sock, _bytes(stored))
         state.stored[item.seg] = stored
         quantize.decode(stored, dtype=job.dtype, mode=job.quantize, out=region)
         return
-    transport.recv_exact(sock, memoryview(wire))
+    transport.recv_exact(sock, _bytes(wire))
     quantize.decode(wire, dtype=job.dtype, mode=job.quantize, out=values)
     _reduce(state, item, values)
     if item.final:                                        # the owner: encode once, decode the same bytes
@@ -221,3 +221,8 @@ def _stored(state: _State, seg: int) -> np.ndarray:
 
 def _grow(buf: np.ndarray, count: int) -> np.ndarray:
     return buf if len(buf) >= count else np.empty(count, buf.dtype)
+
+
+def _bytes(array: np.ndarray) -> memoryview:
+    """A byte view of a contiguous array, no copy."""
+    return array.data.cast("B")

@@ -99,6 +99,7 @@ class Listener:
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._accept_loop, name="ringseed-accept", daemon=True)
         self.rejected = 0   # handshakes refused so far (for tests and metrics)
+        self._count_lock = threading.Lock()
 
     @property
     def port(self) -> int:
@@ -133,22 +134,27 @@ class Listener:
             hello = self._read_hello(conn)
             keep = self._dispatch(hello, conn)
         except (frames.FrameError, OSError) as exc:
-            self.rejected += 1
             log.warning("Refused a collective connection: %s", exc)
         finally:
             if not keep:
                 conn.close()
 
+    def _refuse(self, conn: socket.socket, reason: str) -> None:
+        """Count the refusal first (so a dialer that sees the reason also sees the count), then answer."""
+        with self._count_lock:
+            self.rejected += 1
+        _try_send(conn, frames.make_reply(token=self._token, hello_nonce=b"", reject_reason=reason))
+
     def _read_hello(self, conn: socket.socket) -> frames.Hello:
         challenge = os.urandom(frames.NONCE_BYTES)
         conn.sendall(frames.encode_challenge(challenge))
-        fixed = _read(conn, frames.HELLO_FIXED_BYTES)
-        _, _, _, _, _, id_len = frames.decode_hello_fixed(fixed)
         try:
+            fixed = _read(conn, frames.HELLO_FIXED_BYTES)
+            _, _, _, _, _, id_len = frames.decode_hello_fixed(fixed)
             return frames.verify_hello(token=self._token, challenge=challenge, fixed=fixed,
                                        peer_id_bytes=_read(conn, id_len))
-        except frames.FrameError as exc:
-            _try_send(conn, frames.make_reply(token=self._token, hello_nonce=b"", reject_reason=str(exc)))
+        except (frames.FrameError, OSError) as exc:
+            self._refuse(conn, str(exc))
             raise
 
     def _dispatch(self, hello: frames.Hello, conn: socket.socket) -> bool:
@@ -158,7 +164,7 @@ class Listener:
             return False
         reason = self._on_ring(hello, conn)
         if reason is not None:
-            _try_send(conn, frames.make_reply(token=self._token, hello_nonce=b"", reject_reason=reason))
+            self._refuse(conn, reason)
             raise frames.FrameError(f"connection from {hello.peer_id!r} refused: {reason}")
         _try_send(conn, frames.make_reply(token=self._token, hello_nonce=hello.nonce))
         return True

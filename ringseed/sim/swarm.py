@@ -53,6 +53,7 @@ class Swarm:
         self.inflight: list[dict[int, list[flow.Transfer]]] = [{} for _ in range(config.nodes)]
         self.starved = state.RandomSet()
         self.backoff: list[dict[int, float]] = [{} for _ in range(config.nodes)]
+        self.waiters: dict[int, state.RandomSet] = {}  # chunk -> nodes whose holders were all busy
         self.done_at: list[float | None] = [None] * config.nodes
         self.alive = [True] * config.nodes
         self.duty: list[int] = [0] if config.nodes else []
@@ -96,6 +97,9 @@ class Swarm:
     def _kick(self) -> bool:
         """Nothing in flight and no timer: every waiting node looks again (ends a stall)."""
         stuck = self.starved.drain()
+        for waiting in self.waiters.values():
+            stuck += waiting.drain()
+        self.waiters.clear()
         for node in stuck:
             self._plan(node)
         return bool(stuck) and (self.net.next_time() < float("inf") or bool(self._timers))
@@ -121,7 +125,8 @@ class Swarm:
         node, chunk = transfer.receiver, transfer.chunk
         if transfer.sender == self.origin:
             self.assigned.pop(chunk, None)
-        for other in self.inflight[node].pop(chunk, []):
+        duplicates = self.inflight[node].pop(chunk, [])
+        for other in duplicates:
             self.net.cancel(other)
         first = False
         if not self.held.has(node, chunk):
@@ -135,6 +140,8 @@ class Swarm:
         self._plan(node)
         if first:
             self._wake(self.starved.drain())
+        for sender in {transfer.sender, node, *(t.sender for t in duplicates)}:
+            self._freed(sender)
 
     def _start(self, *, sender: int, node: int, chunk: int) -> None:
         transfer = self.net.start(sender=sender, receiver=node, chunk=chunk, size=self.sizes[chunk])
@@ -169,6 +176,7 @@ class Swarm:
                     free -= 1
                 else:
                     backoff[chunk] = now + self.agents.retry_after * self.rng.uniform(0.5, 1.5)
+                    self.waiters.setdefault(chunk, state.RandomSet()).add(node)
             tried = set(picks)
             candidates = [c for c in candidates if c not in tried]
         if free:
@@ -183,12 +191,30 @@ class Swarm:
         backoff, now = self.backoff[node], self.net.now
         for chunk in [c for c, t in backoff.items() if t <= now]:
             del backoff[chunk]
-        if backoff:
-            if node not in self._woken:
-                self._woken.add(node)
-                self._at(min(backoff.values()), "plan", node)
-        elif self.held.count[node] + len(self.inflight[node]) < len(self.sizes):
+        if not backoff and self.held.count[node] + len(self.inflight[node]) < len(self.sizes):
             self.starved.add(node)
+
+    def _freed(self, holder: int) -> None:
+        """``holder`` has a free upload slot or a new copy: blocked nodes that want its chunks retry.
+
+        A blocked agent retries when its back-off ends; a retry can only succeed once a holder
+        of its chunk has a free slot, so the retry is scheduled then (at the back-off's end or
+        now, whichever is later) instead of polling: same outcome, far fewer events.
+        """
+        if holder >= self.nodes or not self.alive[holder]:
+            return
+        free = self.agents.upload_slots - len(self.net.uploads[holder])
+        for chunk in [c for c in self.waiters if self.held.has(holder, c)]:
+            waiting = self.waiters[chunk]
+            while free > 0 and len(waiting):
+                (node,) = waiting.take(1, self.rng)
+                if self.alive[node] and not self.held.has(node, chunk):
+                    self._at(max(self.net.now, self.backoff[node].get(chunk, 0.0)), "plan", node)
+                    free -= 1
+            if not len(waiting):
+                del self.waiters[chunk]
+            if free <= 0:
+                return
 
     def _fetch(self, node: int, chunk: int, *, avoid: tuple[str, ...]) -> bool:
         offered = self._peers(node, chunk, avoid=avoid)
@@ -256,6 +282,7 @@ class Swarm:
         for transfer in cut:
             if transfer.receiver != node and transfer.receiver != self.origin:
                 self._plan(transfer.receiver)
+            self._freed(transfer.sender)
         self._at(self.net.now + self.agents.offline_after, "purge", node)
 
     def _forget(self, transfer: flow.Transfer) -> None:

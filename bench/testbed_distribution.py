@@ -58,11 +58,22 @@ def run_ringseed(tb: netns.Testbed, *, work: Path, chunk: int, heartbeat: float,
 
     wait(lambda s: s.get("nodes_total") == len(tb.nodes), timeout=60, what="registration")
     start = common.gate(work / "gate")
-    status = wait(lambda s: s.get("nodes_ready") == len(tb.nodes), timeout=timeout, what="every node verified")
+    timeline: list[tuple[float, int, int, int]] = []
+
+    def done(status: dict[str, Any]) -> bool:
+        nodes = status.get("nodes", {}).values()
+        held = sum(int(n.get("bytes", 0)) for n in nodes)
+        timeline.append((round(time.time() - start, 2), int(status.get("bytes_from_origin") or 0), held,
+                         sum(1 for n in nodes if n.get("complete"))))  # fmt: skip
+        return bool(status.get("nodes_ready") == len(tb.nodes))
+
+    status = wait(done, timeout=timeout, what="every node verified")
     seconds = time.time() - start
     digests = {_marker(work / "nodes" / h.name) for h in tb.nodes}
     return {"seconds": seconds, "ok": digests == {status.get("manifest_digest")},
-            "status_origin_bytes": status.get("bytes_from_origin")}  # fmt: skip
+            "status_origin_bytes": status.get("bytes_from_origin"), "timeline": timeline,
+            "origin_done": next((t for t, o, _, _ in timeline if o >= status.get("total_bytes", 0) > 0), None),
+            "first_complete": next((t for t, _, _, c in timeline if c > 0), None)}  # fmt: skip
 
 
 def _marker(node_dir: Path) -> str | None:

@@ -195,6 +195,9 @@ def main() -> int:
                 print(f"{nodes:>3} {method:<11} {result['seconds']:>8.2f} {bound:>8.2f} "
                       f"{result['seconds'] / bound:>6.3f} {result['origin_link_bytes'] / size:>8.3f} "
                       f"{result['ok']}", flush=True)  # fmt: skip
+                if method == "ringseed":
+                    print(f"    ringseed: origin done at {result['origin_done']} s, first node complete at "
+                          f"{result['first_complete']} s (master status, polled every ~0.1 s)")  # fmt: skip
     finally:
         shutil.rmtree(root, ignore_errors=True)
         if args.json:

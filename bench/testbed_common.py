@@ -89,3 +89,16 @@ def gate(path: Path) -> float:
     now = time.time()
     path.write_text(str(now))
     return now
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the live processes ``pids`` have used so far (from /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return total

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import secrets
 import shutil
 import subprocess
@@ -57,6 +58,7 @@ def run_ringseed(tb: netns.Testbed, *, work: Path, chunk: int, heartbeat: float,
         return _wait(pred, origin, status_url, token, procs=procs, timeout=timeout, what=what)
 
     wait(lambda s: s.get("nodes_total") == len(tb.nodes), timeout=60, what="registration")
+    cpu_before = common.cpu_seconds([p.pid for p in procs])
     start = common.gate(work / "gate")
     timeline: list[tuple[float, int, int, int]] = []
 
@@ -69,11 +71,12 @@ def run_ringseed(tb: netns.Testbed, *, work: Path, chunk: int, heartbeat: float,
 
     status = wait(done, timeout=timeout, what="every node verified")
     seconds = time.time() - start
+    cpu = common.cpu_seconds([p.pid for p in procs]) - cpu_before
     digests = {_marker(work / "nodes" / h.name) for h in tb.nodes}
     return {"seconds": seconds, "ok": digests == {status.get("manifest_digest")},
             "status_origin_bytes": status.get("bytes_from_origin"), "timeline": timeline,
             "origin_done": next((t for t, o, _, _ in timeline if o >= status.get("total_bytes", 0) > 0), None),
-            "first_complete": next((t for t, _, _, c in timeline if c > 0), None)}  # fmt: skip
+            "first_complete": next((t for t, _, _, c in timeline if c > 0), None), "cpu_seconds": cpu}  # fmt: skip
 
 
 def _marker(node_dir: Path) -> str | None:
@@ -197,7 +200,9 @@ def main() -> int:
                       f"{result['ok']}", flush=True)  # fmt: skip
                 if method == "ringseed":
                     print(f"    ringseed: origin done at {result['origin_done']} s, first node complete at "
-                          f"{result['first_complete']} s (master status, polled every ~0.1 s)")  # fmt: skip
+                          f"{result['first_complete']} s (master status, polled every ~0.1 s); master+agents used "
+                          f"{result['cpu_seconds']:.1f} CPU-s = {result['cpu_seconds'] / result['seconds']:.2f} cores "
+                          f"of {os.cpu_count()}")  # fmt: skip
     finally:
         shutil.rmtree(root, ignore_errors=True)
         if args.json:

@@ -5,7 +5,7 @@ causes here. Rules:
 - create/update/resume: parse the spec (invalid: Failed + InvalidSpec, no retries), make the
   token Secret once, apply master Deployment + Service and agent DaemonSet (create if missing,
   merge-patch when the spec hash differs), then record ``observedGeneration``.
-- timer: read the tracker's ``/v1/status``, patch the status when it changed, post an Event on a
+- timer: with an invalid spec, (re)write Failed + InvalidSpec; else read the tracker's ``/v1/status``, patch the status when it changed, post an Event on a
   phase change, and label each node whose copy the tracker reports verified with
   ``builders.model_node_label`` (and unlabel it when it is no longer verified).
 - delete: unlabel the nodes and delete the children; with ``retainPolicy: Delete`` run
@@ -43,25 +43,19 @@ def plan(rt: runtime.Runtime, body: Mapping[str, Any]) -> list[dict[str, Any]]:
 async def apply(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logger) -> None:
     children = await runtime.parse_or_fail(rt, body=body, parse=lambda: plan(rt, body))
     await runtime.apply_children(rt, body=body, children=children, logger=logger)
-    previous = body.get("status") or {}
-    if previous.get("phase") in (None, "Failed"):
-        new = status.md_status(
-            reach=status.Reach(report=None),
-            generation=runtime.generation_of(body),
-            previous=previous,
-            now=runtime.now_text(),
-            degraded_after=rt.degraded_after,
-        )
-    else:
-        new = {"observedGeneration": runtime.generation_of(body)}
-    await runtime.write_status(rt, body=body, new=new)
+    # The phase is the timer's (the only writer that knows the tracker's state); this records that
+    # the spec was acted upon, which also lets the timer take over from an earlier Failed.
+    await runtime.write_status(rt, body=body, new={"observedGeneration": runtime.generation_of(body)})
 
 
 async def observe(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logger) -> None:
     """The status timer: tracker report -> status, Events, node labels."""
     previous = body.get("status") or {}
-    if previous.get("phase") == "Failed" and previous.get("observedGeneration") == runtime.generation_of(body):
-        return  # an invalid spec has no master to ask
+    try:
+        parse(rt, body)
+    except validation.SpecError as exc:  # no master to ask; keep saying why (heals a racing write)
+        await runtime.write_status(rt, body=body, new=runtime.invalid(body=body, error=exc))
+        return
     reach = await runtime.read_master(rt, body=body)
     new = status.md_status(
         reach=reach, generation=None, previous=previous, now=runtime.now_text(), degraded_after=rt.degraded_after

@@ -99,8 +99,9 @@ async def observe(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logge
         return  # the handler owns the status until the children exist
     try:
         spec = parse(body)
-    except validation.SpecError:
-        return  # the update handler is about to say so
+    except validation.SpecError as exc:  # keep saying why (heals a racing write)
+        await runtime.write_status(rt, body=body, new=runtime.invalid(body=body, error=exc))
+        return
     reach = await runtime.read_master(rt, body=body)
     await runtime.write_status(rt, body=body, new=tg_status(rt, reach=reach, body=body, spec=spec, waiting=None))
 

@@ -50,7 +50,7 @@ def _register_distributions(*, registry: kopf.OperatorRegistry, interval: float)
     async def md_apply(body: kopf.Body, logger: Any, memo: Any, **_: Any) -> None:
         await distributions.apply(_rt(memo), body=body, logger=logger)
 
-    @kopf.timer(*MD, interval=interval, registry=registry)
+    @kopf.timer(*MD, interval=interval, backoff=max(1.0, interval), registry=registry)
     async def md_status(body: kopf.Body, logger: Any, memo: Any, **_: Any) -> None:
         await distributions.observe(_rt(memo), body=body, logger=logger)
 
@@ -66,7 +66,7 @@ def _register_groups(*, registry: kopf.OperatorRegistry, interval: float) -> Non
     async def tg_apply(body: kopf.Body, logger: Any, memo: Any, **_: Any) -> None:
         await groups.apply(_rt(memo), body=body, logger=logger)
 
-    @kopf.timer(*TG, interval=interval, registry=registry)
+    @kopf.timer(*TG, interval=interval, backoff=max(1.0, interval), registry=registry)
     async def tg_status(body: kopf.Body, logger: Any, memo: Any, **_: Any) -> None:
         await groups.observe(_rt(memo), body=body, logger=logger)
 

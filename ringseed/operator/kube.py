@@ -140,20 +140,30 @@ class Client:
     ) -> Any:
         """One call; returns the JSON answer, or None for 404. Retries once after a fresh login on 401."""
         for attempt in (1, 2):
-            session = self._open()
-            headers = {"Content-Type": content_type} if content_type else None
-            async with session.request(method, path.lstrip("/"), json=body, headers=headers, params=params) as response:
-                if response.status == 401 and attempt == 1:
-                    await self.close()
-                    continue
-                if response.status == 404:
-                    return None
-                payload = await response.json(content_type=None)
-                if response.status >= 400:
-                    message = payload.get("message", "") if isinstance(payload, dict) else str(payload)
-                    raise ApiError(status=response.status, message=f"{method} {path}: {message}")
-                return payload
+            try:
+                status, payload = await self._send(method, path, body=body, content_type=content_type, params=params)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise ApiError(status=0, message=f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+            if status == 401 and attempt == 1:
+                await self.close()
+                continue
+            if status == 404:
+                return None
+            if status >= 400:
+                message = payload.get("message", "") if isinstance(payload, dict) else str(payload)
+                raise ApiError(status=status, message=f"{method} {path}: {message}")
+            return payload
         raise ApiError(status=401, message=f"{method} {path}: unauthorized after a fresh login")
+
+    async def _send(
+        self, method: str, path: str, *, body: Any, content_type: str | None, params: Mapping[str, str] | None
+    ) -> tuple[int, Any]:
+        headers = {"Content-Type": content_type} if content_type else None
+        session = self._open()
+        async with session.request(method, path.lstrip("/"), json=body, headers=headers, params=params) as response:
+            if response.status in (401, 404):
+                return response.status, None
+            return response.status, await response.json(content_type=None)
 
     async def get(self, *, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         result: dict[str, Any] | None = await self.request(

@@ -61,7 +61,7 @@ class Runtime:
             login=login,
             kube=kube.Client(login=login),
             locator=locator,
-            reader=masters.Reader(timeout=min(3.0, config.status_interval_seconds)),
+            reader=masters.Reader(timeout=3.0),
             degraded_after=degraded_after,
             cleanup_timeout=cleanup_timeout,
         )
@@ -89,12 +89,19 @@ async def parse_or_fail(rt: Runtime, *, body: Mapping[str, Any], parse: Callable
     try:
         return parse()
     except validation.SpecError as exc:
-        previous = body.get("status") or {}
-        new = status.invalid_status(
-            field=exc.field, problem=exc.problem, generation=generation_of(body), previous=previous, now=now_text()
-        )
-        await write_status(rt, body=body, new=new)
+        await write_status(rt, body=body, new=invalid(body=body, error=exc))
         raise kopf.PermanentError(f"Invalid spec: {exc.field}: {exc.problem}") from exc
+
+
+def invalid(*, body: Mapping[str, Any], error: validation.SpecError) -> dict[str, Any]:
+    """Phase Failed with the InvalidSpec condition naming the field and the problem."""
+    return status.invalid_status(
+        field=error.field,
+        problem=error.problem,
+        generation=generation_of(body),
+        previous=body.get("status") or {},
+        now=now_text(),
+    )
 
 
 def generation_of(body: Mapping[str, Any]) -> int | None:

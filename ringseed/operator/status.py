@@ -12,7 +12,8 @@ that deserve a Kubernetes Event. Rules:
 - TrainingGroup: WaitingForModel, Starting (peers < minPeers), Running, Degraded (peers fell below
   minPeers after running, or the coordinator unreachable long after having answered), Failed.
 - A condition keeps its ``lastTransitionTime`` while its status stays the same (``conditions.merge``).
-- A status dict is a merge patch: figures the master did not report are left out (kept as they were).
+- A status dict is a merge patch: figures the master did not report are left out (kept as they were);
+  a master silent for less than ``degraded_after`` after answering changes nothing (empty patch).
 """
 
 from __future__ import annotations
@@ -86,6 +87,12 @@ def _silent(reach: Reach, *, degraded_after: float, role: str) -> Verdict | None
             f"The {role} has not answered for {reach.unreachable_for:.0f}s{detail}",
         )
     return Verdict("", cond.REASON_MASTER_UNREACHABLE, f"Waiting for the {role} to answer{detail}")
+
+
+def brief_silence(reach: Reach, *, degraded_after: float) -> bool:
+    """The master answered before and has been silent for less than ``degraded_after``: not news."""
+    silent_for = reach.unreachable_for
+    return reach.report is None and silent_for is not None and silent_for < degraded_after
 
 
 def md_verdict(reach: Reach, *, degraded_after: float) -> Verdict:
@@ -184,7 +191,9 @@ def _make(type_: str, flag: bool, reason: str, message: str, now: str, generatio
 def md_status(
     *, reach: Reach, generation: int | None, previous: Mapping[str, Any], now: str, degraded_after: float
 ) -> dict[str, Any]:
-    """The status merge patch of a ModelDistribution."""
+    """The status merge patch of a ModelDistribution (empty during a brief silence of the tracker)."""
+    if brief_silence(reach, degraded_after=degraded_after):
+        return {}
     verdict = md_verdict(reach, degraded_after=degraded_after)
     result: dict[str, Any] = {"phase": verdict.phase, "message": verdict.message}
     report = reach.report
@@ -226,7 +235,10 @@ def tg_status(
     degraded_after: float,
     waiting: Verdict | None,
 ) -> dict[str, Any]:
-    """The status merge patch of a TrainingGroup; ``waiting`` when its model is not Complete yet."""
+    """The status merge patch of a TrainingGroup; ``waiting`` when its model is not Complete yet
+    (empty during a brief silence of the coordinator)."""
+    if waiting is None and brief_silence(reach, degraded_after=degraded_after):
+        return {}
     verdict = tg_verdict(
         reach, min_peers=min_peers, previous_phase=previous.get("phase"), degraded_after=degraded_after, waiting=waiting
     )

@@ -5,7 +5,8 @@ causes here. Rules:
 - create/update/resume: parse the spec (invalid: Failed + InvalidSpec, no retries), make the
   token Secret once, apply master Deployment + Service and agent DaemonSet (create if missing,
   merge-patch when the spec hash differs), then record ``observedGeneration``.
-- timer: with an invalid spec, (re)write Failed + InvalidSpec; else read the tracker's ``/v1/status``, patch the status when it changed, post an Event on a
+- timer: with an invalid spec, (re)write Failed + InvalidSpec; else read the tracker's
+  ``/v1/status``, patch the status when it changed, post an Event on a
   phase change, and label each node whose copy the tracker reports verified with
   ``builders.model_node_label`` (and unlabel it when it is no longer verified).
 - delete: unlabel the nodes and delete the children; with ``retainPolicy: Delete`` run

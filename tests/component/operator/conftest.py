@@ -182,9 +182,9 @@ async def operator(kmock: Any, fake_masters: FakeMasters) -> AsyncIterator[Opera
         await op.halt()
 
 
-async def eventually(check: Callable[[], Any], *, timeout: float = 15.0, what: str = "condition") -> Any:
-    """Poll ``check`` (sync or async) until it returns something truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
+async def eventually(check: Callable[[], Any], *, within: float = 15.0, what: str = "condition") -> Any:
+    """Poll ``check`` (sync or async) until it returns something truthy; fail after ``within`` s."""
+    deadline = time.monotonic() + within
     last: Any = None
     while time.monotonic() < deadline:
         try:
@@ -196,7 +196,7 @@ async def eventually(check: Callable[[], Any], *, timeout: float = 15.0, what: s
         except (KeyError, ValueError, AssertionError):
             last = None
         await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+    raise AssertionError(f"timed out after {within}s waiting for {what}; last: {last!r}")
 
 
 def get(kmock: Any, resource: str, name: str, namespace: str | None = NS) -> dict[str, Any] | None:

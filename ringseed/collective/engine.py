@@ -21,6 +21,10 @@ Fault-tolerance contract
   :meth:`RingEngine.set_ring` with a new epoch, which reconnects and clears the abort.
 - Connections carrying an older epoch than the engine's are refused at the handshake, so a
   straggler from a previous ring can never feed frames into a new one.
+- :meth:`RingEngine.set_ring` waits for its neighbours at most ``timeout``, but an ``abort``
+  during the wait ends it at once (CollectiveAborted), and so does a refused connection to the
+  successor: its listener is bound before it joins and open until it closes, so a refusal means
+  the peer is gone.
 - This engine gives no fault tolerance by itself (no retry, no membership): that is the
   control part's job (``communicator.py``).
 """
@@ -286,6 +290,10 @@ class RingEngine:
             keys = [(prev.peer_id, self._epoch, c) for c in range(self._channels)]
             while not all(k in self._incoming for k in keys):
                 left = deadline - time.monotonic()
+                if self._abort is not None:
+                    for s in outs:
+                        s.close()
+                    raise CollectiveAborted(self._abort)
                 if left <= 0:
                     for s in outs:
                         s.close()
@@ -301,10 +309,15 @@ class RingEngine:
                                       io_timeout=self._io_timeout)
             except frames.FrameError as exc:
                 raise CollectiveAborted(f"handshake with {peer.peer_id!r} failed: {exc}") from exc
+            except ConnectionRefusedError as exc:  # nothing listens there any more: the peer is gone
+                raise CollectiveAborted(f"{peer.peer_id!r} refused the ring connection: {exc}") from exc
             except OSError as exc:
                 if time.monotonic() > deadline:
                     raise CollectiveAborted(f"could not connect to {peer.peer_id!r}: {exc}") from exc
-                time.sleep(0.05)
+                with self._lock:
+                    if self._abort is not None:
+                        raise CollectiveAborted(self._abort) from exc
+                    self._lock.wait(0.05)
 
     def _drop_links(self) -> None:
         for sock in self._outs + self._ins:

@@ -18,8 +18,14 @@ Endpoints (every POST body names ``peer_id``; ``wait`` is how long the call may 
 - ``POST /v1/leave {peer_id}``: a clean exit, handled like a removal.
 - ``GET /v1/topology``, ``GET /v1/status`` (contract: "Master status"), ``GET /metrics``.
 
-Failure detector: a peer whose last request is older than ``heartbeat_timeout`` is removed by
-a background task that looks several times per interval; removal aborts its collectives at
+Failure detector: a peer whose last request (its last sign of life) is older than
+``heartbeat_timeout`` is removed by a background task that wakes at the earliest such deadline
+(and at least every ``DETECTOR_PERIOD``), so a silent peer is declared dead about
+``heartbeat_timeout`` after its last sign of life, not a check period later. A peer's held
+heartbeat whose connection closes before the answer is sent counts as death at once: a peer's
+heartbeat thread always waits for the answer (it never hangs up a held call), so the connection
+closes under a held heartbeat only when its process is gone (SIGKILL, crash, exit without
+``close``), and the kernel closes its sockets at once. Removal aborts the peer's collectives at
 once and wakes every held call, so survivors learn of it within milliseconds, not after a
 socket timeout. Long polls use one asyncio event that is replaced on every state change.
 """
@@ -42,6 +48,8 @@ from ringseed.protocol import membership
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_WAIT = 60.0
+DETECTOR_PERIOD = 0.05  # the failure detector's longest sleep, in s
+LIVENESS_POLL = 0.02    # how often a held heartbeat checks that its connection is still open, in s
 
 
 class Coordinator:
@@ -64,17 +72,19 @@ class Coordinator:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def wait_for(self, check: Callable[[], T | None], *, wait: float) -> T | None:
-        """Re-run ``check`` after every state change until it gives a value or ``wait`` passes."""
+    async def wait_for(self, check: Callable[[], T | None], *, wait: float,
+                       connected: Callable[[], bool] | None = None) -> T | None:
+        """Re-run ``check`` after every state change until it gives a value or ``wait`` passes;
+        with ``connected``, also stop (within ``LIVENESS_POLL``) once it returns False."""
         deadline = self.clock() + min(max(wait, 0.0), MAX_WAIT)
         while True:
             found = check()
             left = deadline - self.clock()
-            if found is not None or left <= 0:
+            if found is not None or left <= 0 or (connected is not None and not connected()):
                 return found
             event = self._changed
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), left)
+                await asyncio.wait_for(event.wait(), left if connected is None else min(left, LIVENESS_POLL))
 
     def seen(self, peer_id: str) -> None:
         if peer_id in self.group.peers:
@@ -89,6 +99,24 @@ class Coordinator:
         if lost:
             self.metrics.inc("coordinator_aborts_total", self.group.abort_seq - before)
             self.changed()
+
+    def lost(self, peer_id: str, *, reason: str) -> None:
+        """Remove a peer known to be dead (its held heartbeat's connection closed)."""
+        if peer_id not in self.group.peers:
+            return
+        before = self.group.abort_seq
+        self.group.remove(peer_id, reason=reason, now=self.clock())
+        log.warning("Removed peer %s: %s", peer_id, reason)
+        self.metrics.inc("coordinator_peers_removed_total")
+        self.metrics.inc("coordinator_aborts_total", self.group.abort_seq - before)
+        self.changed()
+
+    def next_expiry(self) -> float:
+        """Seconds until the earliest peer's silence exceeds the timeout (``DETECTOR_PERIOD`` if none)."""
+        if not self.group.peers:
+            return DETECTOR_PERIOD
+        oldest = min(p.last_seen for p in self.group.peers.values())
+        return oldest + self.timeout - self.clock()
 
     def refresh_metrics(self) -> None:
         status = self.group.status()
@@ -127,9 +155,10 @@ def create_app(*, token: str, heartbeat_interval: float, heartbeat_timeout: floa
 
 
 async def _detector(coordinator: Coordinator) -> None:
-    period = min(coordinator.interval / 2, coordinator.timeout / 20, 0.05)
+    period = min(coordinator.interval / 2, coordinator.timeout / 20, DETECTOR_PERIOD)
     while True:
-        await asyncio.sleep(period)
+        # wake just after the earliest deadline (expiry needs silence *longer* than the timeout)
+        await asyncio.sleep(min(period, max(coordinator.next_expiry(), 0.0) + 0.001))
         coordinator.expire()
 
 

@@ -73,7 +73,11 @@ def heartbeat(get: Get) -> Handler:
             info = c.group.heartbeat(peer_id=peer_id, now=c.clock())
         except membership.MembershipError as exc:
             raise _refused(exc) from None
-        await c.wait_for(lambda: c.group.aborts_since(seq) or None, wait=min(_wait(body), c.interval))
+        await c.wait_for(lambda: c.group.aborts_since(seq) or None, wait=min(_wait(body), c.interval),
+                         connected=lambda: _connected(request))
+        if not _connected(request):  # the peer hung up a held heartbeat: its process is gone
+            c.lost(peer_id, reason="its heartbeat connection closed (process gone)")
+            raise web.problem(410, "removed", f"peer {peer_id!r} closed its heartbeat connection")
         info = c.group.peers.get(peer_id, info)
         return aioweb.json_response({
             "status": info.status.value,
@@ -84,6 +88,11 @@ def heartbeat(get: Get) -> Handler:
         })
 
     return handler
+
+
+def _connected(request: aioweb.Request) -> bool:
+    transport = request.transport
+    return transport is not None and not transport.is_closing()
 
 
 def round_(get: Get, kind: membership.RoundKind, fields: tuple[str, ...]) -> Handler:

@@ -94,3 +94,110 @@ def test_hung_peer_is_dropped_by_the_heartbeat_timeout_not_a_socket_timeout() ->
             for c in comms:
                 c.close()
             ghost_engine.close()
+
+
+def test_peer_dying_before_its_end_vote_aborts_at_once_not_after_the_heartbeat_timeout() -> None:
+    """The window a SIGKILL can hit where no ring socket is in use: the dead peer sent all its data
+    but never reported its end, so the survivors wait for its vote. Its process closes its held
+    heartbeat connection as it dies; the coordinator takes that as death, so the survivors' calls
+    abort in milliseconds instead of after the heartbeat timeout (checked well below it)."""
+    import json
+    import socket
+    import threading
+    import time
+    import urllib.parse
+
+    import numpy as np
+    import pytest
+
+    from ringseed.collective import control, engine, retry
+    from tests.component.collective import coordinator_helpers as h
+
+    interval, timeout = 2.0, 6.0
+    with h.running_coordinator(min_peers=3, interval=interval, timeout=timeout) as url:
+        ghost_engine = engine.RingEngine(peer_id="ghost", token=h.TOKEN, io_timeout=30.0)
+        address = ghost_engine.start()
+        ghost = control.Client(url=url, token=h.TOKEN)
+        ghost.call("POST", "/v1/join", {"peer_id": "ghost", "host": address.host, "port": address.port})
+        comms = [h.make_peer(url, f"p{i}") for i in range(2)]
+        heartbeat = socket.socket()
+        try:
+            h.on_each(comms, lambda i, c: c.connect(timeout=30))
+            ghost_done = threading.Event()
+
+            def ghost_reduces_but_never_ends() -> None:
+                begun = ghost.round("/v1/collective/begin", peer_id="ghost", payload={"op": "all_reduce",
+                                                                                      "nbytes": 4096 * 8})
+                ghost_engine.set_ring([engine.PeerAddress(**a) for a in begun["ring"]], epoch=begun["epoch"],
+                                      timeout=10)
+                ghost_engine.all_reduce(np.full(4096, 100.0), op=engine.ReduceOp.SUM, tag=begun["tag"])
+                ghost_done.set()
+
+            runner = threading.Thread(target=ghost_reduces_but_never_ends, daemon=True)
+            runner.start()
+            arrays = [np.arange(4096, dtype=np.float64) * (i + 1) for i in range(2)]
+            before = [a.copy() for a in arrays]
+            works = [c.all_reduce(a) for c, a in zip(comms, arrays, strict=True)]
+            assert ghost_done.wait(30)
+            time.sleep(0.3)                                   # the survivors now wait for the ghost's end vote
+            assert not any(w.done() for w in works)
+            parsed = urllib.parse.urlsplit(url)               # a held heartbeat, as a live peer always has one
+            heartbeat.connect((parsed.hostname, parsed.port))
+            body = json.dumps({"peer_id": "ghost", "abort_seq": 0, "wait": interval}).encode()
+            heartbeat.sendall(b"POST /v1/heartbeat HTTP/1.1\r\nHost: coordinator\r\nContent-Type: application/json\r\n"
+                              b"Authorization: Bearer " + h.TOKEN.encode() + b"\r\nContent-Length: "
+                              + str(len(body)).encode() + b"\r\n\r\n" + body)
+            time.sleep(0.2)
+            died = time.monotonic()                           # the ghost's process dies: the kernel closes all
+            heartbeat.close()
+            ghost_engine.close()
+            for w in works:
+                with pytest.raises(engine.CollectiveAborted):
+                    w.wait(30)
+            took = time.monotonic() - died
+            assert took < timeout / 3, f"abort {took:.3f} s after the death, heartbeat timeout {timeout} s"
+            assert all(a.tobytes() == b.tobytes() for a, b in zip(arrays, before, strict=True))
+            worlds = h.on_each(comms, lambda i, c: retry.all_reduce_with_retry(c, arrays[i]))
+            assert worlds == [2, 2]
+            for a in arrays:
+                np.testing.assert_array_equal(a, before[0] + before[1])
+            runner.join(10)
+        finally:
+            heartbeat.close()
+            for c in comms:
+                c.close()
+            ghost_engine.close()
+
+
+def test_set_ring_stops_waiting_on_abort_and_on_a_refused_connection() -> None:
+    """Rebuilding the ring must not outlast the news that it cannot complete: ``abort()`` ends the
+    wait for the predecessor at once, and so does a successor whose listener is gone."""
+    import socket
+    import threading
+    import time
+
+    import pytest
+
+    from ringseed.collective import engine
+    from tests.component.collective import coordinator_helpers as h
+
+    a = engine.RingEngine(peer_id="a", token=h.TOKEN)
+    b = engine.RingEngine(peer_id="b", token=h.TOKEN)           # listens, but never calls set_ring
+    try:
+        ring = [a.start(), b.start()]
+        threading.Timer(0.3, a.abort, args=("the coordinator aborted the tag",)).start()
+        start = time.monotonic()
+        with pytest.raises(engine.CollectiveAborted, match="coordinator aborted"):
+            a.set_ring(ring, epoch=1, timeout=20)
+        assert time.monotonic() - start < 10                     # not the 20 s setup timeout
+
+        with socket.socket() as s:                               # a port nobody listens on any more
+            s.bind(("127.0.0.1", 0))
+            gone = engine.PeerAddress(peer_id="gone", host="127.0.0.1", port=s.getsockname()[1])
+        start = time.monotonic()
+        with pytest.raises(engine.CollectiveAborted, match="refused"):
+            a.set_ring([ring[0], gone], epoch=2, timeout=20)
+        assert time.monotonic() - start < 10
+    finally:
+        a.close()
+        b.close()

@@ -41,9 +41,9 @@ def plan(rt: runtime.Runtime, body: Mapping[str, Any]) -> list[dict[str, Any]]:
     return builders.md_children(body=body, spec=parse(rt, body), config=rt.config)
 
 
-async def apply(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logger) -> None:
+async def apply(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logger, fresh: bool = False) -> None:
     children = await runtime.parse_or_fail(rt, body=body, parse=lambda: plan(rt, body))
-    await runtime.apply_children(rt, body=body, children=children, logger=logger)
+    await runtime.apply_children(rt, body=body, children=children, logger=logger, fresh=fresh)
     # The phase is the timer's (the only writer that knows the tracker's state); this records that
     # the spec was acted upon, which also lets the timer take over from an earlier Failed.
     await runtime.write_status(rt, body=body, new={"observedGeneration": runtime.generation_of(body)})

@@ -51,7 +51,7 @@ async def model_of(
     return md_spec, None
 
 
-async def apply(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logger) -> None:
+async def apply(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logger, fresh: bool = False) -> None:
     spec = await runtime.parse_or_fail(rt, body=body, parse=lambda: parse(body))
     model, waiting = await model_of(rt, body=body, spec=spec)
     previous = body.get("status") or {}
@@ -64,7 +64,7 @@ async def apply(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logger)
     children = await runtime.parse_or_fail(
         rt, body=body, parse=lambda: builders.tg_children(body=body, spec=spec, config=rt.config, model=model)
     )
-    await runtime.apply_children(rt, body=body, children=children, logger=logger)
+    await runtime.apply_children(rt, body=body, children=children, logger=logger, fresh=fresh)
     if previous.get("phase") in (None, "Failed", "WaitingForModel"):
         new = tg_status(rt, reach=status.Reach(report=None), body=body, spec=spec, waiting=None)
         new["observedGeneration"] = generation

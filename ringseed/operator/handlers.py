@@ -47,8 +47,8 @@ def _register_distributions(*, registry: kopf.OperatorRegistry, interval: float)
     @kopf.on.resume(*MD, registry=registry)
     @kopf.on.create(*MD, registry=registry)
     @kopf.on.update(*MD, field="spec", registry=registry)
-    async def md_apply(body: kopf.Body, logger: Any, memo: Any, **_: Any) -> None:
-        await distributions.apply(_rt(memo), body=body, logger=logger)
+    async def md_apply(body: kopf.Body, logger: Any, memo: Any, reason: Any, **_: Any) -> None:
+        await distributions.apply(_rt(memo), body=body, logger=logger, fresh=reason == kopf.Reason.CREATE)
 
     @kopf.timer(*MD, interval=interval, backoff=max(1.0, interval), registry=registry)
     async def md_status(body: kopf.Body, logger: Any, memo: Any, **_: Any) -> None:
@@ -63,8 +63,8 @@ def _register_groups(*, registry: kopf.OperatorRegistry, interval: float) -> Non
     @kopf.on.resume(*TG, registry=registry)
     @kopf.on.create(*TG, registry=registry)
     @kopf.on.update(*TG, field="spec", registry=registry)
-    async def tg_apply(body: kopf.Body, logger: Any, memo: Any, **_: Any) -> None:
-        await groups.apply(_rt(memo), body=body, logger=logger)
+    async def tg_apply(body: kopf.Body, logger: Any, memo: Any, reason: Any, **_: Any) -> None:
+        await groups.apply(_rt(memo), body=body, logger=logger, fresh=reason == kopf.Reason.CREATE)
 
     @kopf.timer(*TG, interval=interval, backoff=max(1.0, interval), registry=registry)
     async def tg_status(body: kopf.Body, logger: Any, memo: Any, **_: Any) -> None:

@@ -210,24 +210,35 @@ def merge_patch_of(obj: Mapping[str, Any]) -> dict[str, Any]:
     return patch
 
 
-async def apply(client: Client, *, obj: Mapping[str, Any], once: bool = False) -> Applied:
-    """Create ``obj`` if missing; merge-patch it when its spec-hash differs (never, with ``once``)."""
+async def apply(client: Client, *, obj: Mapping[str, Any], once: bool = False, fresh: bool = False) -> Applied:
+    """Create ``obj`` if missing; merge-patch it when its spec-hash differs (never, with ``once``).
+
+    ``fresh`` (the owner was just created, so its children most likely do not exist yet): try the
+    create first and read only if it already exists, which saves a round trip per child.
+    """
     meta = obj["metadata"]
+    if fresh and await _create(client, obj=obj):
+        return Applied.CREATED
     current = await client.get(
         api_version=obj["apiVersion"], kind=obj["kind"], namespace=meta.get("namespace"), name=meta["name"]
     )
     if current is None:
-        try:
-            await client.create(obj=obj)
-            return Applied.CREATED
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
-            return Applied.UNCHANGED  # made by a concurrent run a moment ago; the next run compares
+        return Applied.CREATED if await _create(client, obj=obj) else Applied.UNCHANGED
     if once or spec_hash(current) == spec_hash(obj):
         return Applied.UNCHANGED
     await client.merge_patch(path=_path_of_obj(obj), patch=merge_patch_of(obj))
     return Applied.PATCHED
+
+
+async def _create(client: Client, *, obj: Mapping[str, Any]) -> bool:
+    """True if created; False if it exists already (409)."""
+    try:
+        await client.create(obj=obj)
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+        return False
+    return True
 
 
 async def patch_status(

@@ -149,13 +149,18 @@ async def apply_children(
     body: Mapping[str, Any],
     children: Sequence[Mapping[str, Any]],
     logger: logging.Logger | logging.LoggerAdapter[Any],
+    fresh: bool = False,
 ) -> None:
-    """The token Secret (made once, never rotated by a spec change), then all children at once."""
-    secret = builders.token_secret(body=body, token=secrets.token_urlsafe(32))
+    """The token Secret (made once, never rotated by a spec change), then all children at once;
+    ``fresh``: the resource was just created (try creates before reads)."""
+    token = secrets.token_urlsafe(32)
+    secret = builders.token_secret(body=body, token=token)
     outcomes = await asyncio.gather(
-        kube.apply(rt.kube, obj=secret, once=True),
-        *(kube.apply(rt.kube, obj=child) for child in children),
+        kube.apply(rt.kube, obj=secret, once=True, fresh=fresh),
+        *(kube.apply(rt.kube, obj=child, fresh=fresh) for child in children),
     )
+    if outcomes[0] is kube.Applied.CREATED:
+        rt.tokens[ident(body)] = token  # saves the timer reading it back
     for obj, outcome in zip([secret, *children], outcomes, strict=True):
         if outcome is not kube.Applied.UNCHANGED:
             logger.info("%s %s %s", outcome.value, obj["kind"], obj["metadata"]["name"])

@@ -119,7 +119,6 @@ class Operator:
     fake: FakeMasters
     mapping: dict[str, str]
     thread: threading.Thread | None = None
-    stop: threading.Event | None = None
     errors: list[BaseException] = field(default_factory=list)
     loop: asyncio.AbstractEventLoop | None = None
     task: asyncio.Task[None] | None = None
@@ -128,7 +127,7 @@ class Operator:
         config = config_module.OperatorConfig(status_interval_seconds=INTERVAL)
         locator = masters.Locator(template=f"{self.fake.url}/{{namespace}}/{{name}}", mapping=self.mapping)
         server = str(self.kmock.url).rstrip("/")
-        self.stop, ready = threading.Event(), threading.Event()
+        ready = threading.Event()
         coroutine = command.operate(
             config=config,
             login=lambda: kopf.ConnectionInfo(server=server),
@@ -136,7 +135,6 @@ class Operator:
             locator=locator,
             degraded_after=1.0,
             cleanup_timeout=3.0,
-            stop_flag=self.stop,
             ready_flag=ready,
             tune=tune,
         )

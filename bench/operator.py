@@ -1,0 +1,157 @@
+"""Benchmark: 50 ModelDistributions created at once against KMock; how fast the operator reacts.
+
+Runs the real operator (kopf + ringseed's handlers, in its own thread and event loop) against
+KMock (the component tests' emulator) over HTTP on loopback, creates N ModelDistributions at
+once, and prints p50/p95/max of the time from each create to (a) all four children present
+(Secret, master Deployment and Service, agent DaemonSet) and (b) the first status patch.
+Masters are unreachable here (a closed loopback port), as right after a real create.
+
+Target: p50 <= 0.5 s, p95 <= 2 s for both.
+
+    .venv/bin/python bench/operator.py [--count 50] [--timeout 60]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# This file is named operator.py: keep its folder off sys.path so the standard library's
+# ``operator`` module is never shadowed; import from the repository root instead.
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import logging  # noqa: E402
+import statistics  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+import kmock  # noqa: E402
+import kopf  # noqa: E402
+
+from ringseed.api import constants  # noqa: E402
+from ringseed.operator import command, masters  # noqa: E402
+from ringseed.operator import config as config_module  # noqa: E402
+from tests.component.operator import conftest as harness  # noqa: E402
+from tests.component.operator.emulator import Emulator  # noqa: E402
+
+CHILDREN = (
+    ("v1/secrets", "token"),
+    ("apps/v1/deployments", "master"),
+    ("v1/services", "master"),
+    ("apps/v1/daemonsets", "agent"),
+)
+
+
+def start_operator(server: str) -> tuple[threading.Thread, asyncio.AbstractEventLoop, Any]:
+    """The operator in its own thread and loop (as in the component tests)."""
+    ready = threading.Event()
+    holder: dict[str, Any] = {}
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        holder["loop"] = loop
+        holder["task"] = loop.create_task(
+            command.operate(
+                config=config_module.OperatorConfig(),
+                login=lambda: kopf.ConnectionInfo(server=server),
+                locator=masters.Locator(template="http://127.0.0.1:9"),  # nobody listens: masters unreachable
+                ready_flag=ready,
+            )
+        )
+        try:
+            loop.run_until_complete(holder["task"])
+        except BaseException:  # cancelled at the end
+            pass
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run, name="operator", daemon=True)
+    thread.start()
+    if not ready.wait(30):
+        raise SystemExit("the operator did not get ready in 30 s")
+    return thread, holder["loop"], holder["task"]
+
+
+def percentiles(values: list[float]) -> str:
+    ordered = sorted(values)
+    p95 = ordered[max(0, round(0.95 * len(ordered)) - 1)]
+    return f"p50 {statistics.median(ordered):6.3f} s   p95 {p95:6.3f} s   max {ordered[-1]:6.3f} s"
+
+
+async def measure(*, count: int, within: float) -> tuple[list[float], list[float]]:
+    async with Emulator(trim_log=True) as api, kmock.Server(api):
+        harness.declare(api)
+        thread, loop, task = start_operator(str(api.url).rstrip("/"))
+        try:
+            names = [f"model-{i:03d}" for i in range(count)]
+            created: dict[str, float] = {}
+
+            async def make(name: str) -> None:
+                await harness.create(api, harness.MD_RES, harness.model_distribution(name))
+                created[name] = time.perf_counter()
+
+            started = time.perf_counter()
+            await asyncio.gather(*(make(name) for name in names))
+            children, status = await watch(api, names=names, since=started, within=within)
+            return [children[n] - created[n] for n in names if n in children], [
+                status[n] - created[n] for n in names if n in status
+            ]
+        finally:
+            loop.call_soon_threadsafe(task.cancel)
+            await asyncio.to_thread(thread.join, 20)
+
+
+async def watch(
+    api: Any, *, names: list[str], since: float, within: float
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Scan KMock's store every 10 ms (one pass, cheap: it shares the loop with KMock); note when
+    each resource's children and its status first appear."""
+    children: dict[str, float] = {}
+    status: dict[str, float] = {}
+    wanted = {name: {(res.rsplit("/", 1)[1], f"{name}-{suffix}") for res, suffix in CHILDREN} for name in names}
+    while (len(children) < len(names) or len(status) < len(names)) and time.perf_counter() - since < within:
+        now = time.perf_counter()
+        present: set[tuple[str, str]] = set()
+        with_status: set[str] = set()
+        for (resource, _, name), obj in list(api.objects.items()):
+            if obj.deleted:
+                continue
+            present.add((resource.plural, name))
+            if resource.plural == constants.MD_PLURAL and obj.get("status"):
+                with_status.add(name)
+        for name in names:
+            if name not in children and wanted[name] <= present:
+                children[name] = now
+            if name not in status and name in with_status:
+                status[name] = now
+        await asyncio.sleep(0.01)
+    return children, status
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=50)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    children, status = asyncio.run(measure(count=args.count, within=args.timeout))
+    print(f"{args.count} ModelDistributions created at once against KMock ({constants.API_VERSION})")
+    print(
+        f"  create -> all children present ({len(children)}/{args.count}):  {percentiles(children or [float('nan')])}"
+    )
+    print(f"  create -> first status patch   ({len(status)}/{args.count}):  {percentiles(status or [float('nan')])}")
+    ok = len(children) == len(status) == args.count
+    ok = ok and statistics.median(children) <= 0.5 and statistics.median(status) <= 0.5
+    ok = (
+        ok and sorted(children)[int(0.95 * len(children)) - 1] <= 2 and sorted(status)[int(0.95 * len(status)) - 1] <= 2
+    )
+    print("  target p50 <= 0.5 s, p95 <= 2 s:", "met" if ok else "NOT met")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -31,6 +31,7 @@ class Agents:
     holder_sample: int = 16
     notify_delay: float = 0.0
     retry_after: float = 0.3
+    max_tries: int = 32
     offline_after: float = 10.0
 
 

@@ -13,7 +13,8 @@ Owns the agents' behaviour on top of :mod:`ringseed.sim.flow`. Rules:
   the chunks nobody holds, ``origin_slots`` at a time, each once while a copy lives inside.
 - A node re-plans when one of its downloads ends. A chunk whose offered holders are all busy
   (the agent's 429) is left alone for ``retry_after`` x U(0.5, 1.5) seconds and the next
-  rarest is tried at once, as the agent's download loop does. A node with free slots and
+  rarest is tried at once, as the agent's download loop does; one planning round tries at
+  most ``max_tries`` chunks (one rarest-first ordering, not one call per failure). A node with free slots and
   nothing it may fetch ("starved") re-plans when some chunk gets its first copy, after
   ``notify_delay`` (the agent's heartbeat/availability latency).
 - A failed node stops at once: its transfers are cut (receivers re-plan), its copies stop
@@ -167,18 +168,17 @@ class Swarm:
             return
         now, backoff = self.net.now, self.backoff[node]
         candidates = [c for c in self.held.candidates(node, busy=self.inflight[node]) if backoff.get(c, 0.0) <= now]
-        while free and candidates:
-            picks = choice.rarest_first(candidates=candidates, availability=self.held.avail, count=free, rng=self.rng)
-            if not picks:
+        order = choice.rarest_first(
+            candidates=candidates, availability=self.held.avail, count=self.agents.max_tries, rng=self.rng
+        )
+        for chunk in order:
+            if not free:
                 break
-            for chunk in picks:
-                if self._fetch(node, chunk, avoid=()):
-                    free -= 1
-                else:
-                    backoff[chunk] = now + self.agents.retry_after * self.rng.uniform(0.5, 1.5)
-                    self.waiters.setdefault(chunk, state.RandomSet()).add(node)
-            tried = set(picks)
-            candidates = [c for c in candidates if c not in tried]
+            if self._fetch(node, chunk, avoid=()):
+                free -= 1
+            else:
+                backoff[chunk] = now + self.agents.retry_after * self.rng.uniform(0.5, 1.5)
+                self.waiters.setdefault(chunk, state.RandomSet()).add(node)
         if free:
             free -= self._endgame(node, free)
         self._park(node, free)

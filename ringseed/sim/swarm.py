@@ -18,7 +18,8 @@ Owns the agents' behaviour on top of :mod:`ringseed.sim.flow`. Rules:
   nothing it may fetch ("starved") re-plans when some chunk gets its first copy, after
   ``notify_delay`` (the agent's heartbeat/availability latency).
 - A failed node stops at once: its transfers are cut (receivers re-plan), its copies stop
-  counting; the tracker notices after ``offline_after`` and hands its origin duty on.
+  counting; the tracker notices after ``offline_after`` and hands its origin duty on. Failure
+  times are drawn in ``fail_window`` x the bound of the simulated part (the prefix, if any).
 """
 
 from __future__ import annotations
@@ -265,7 +266,14 @@ class Swarm:
         if not count:
             return
         low, high = self.config.fail_window
-        horizon = scenario.bound(self.config)
+        config = self.config
+        horizon = scenario.t_star(  # the simulated part's own bound: failures land inside a prefix run too
+            model_bytes=sum(self.sizes),
+            chunk_bytes=config.chunk_bytes,
+            nodes=config.nodes,
+            origin_rate=config.origin_rate,
+            node_rate=min(config.node_up, config.node_down),
+        )
         for node in self.rng.sample(range(self.nodes), count):
             self.fail_at(node=node, when=horizon * self.rng.uniform(low, high))
 

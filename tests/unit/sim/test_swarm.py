@@ -74,3 +74,9 @@ def test_prefix_approximation_is_stated_and_close_to_the_full_run() -> None:
     approx = swarm.simulate(approx_config)
     assert "approx" in scenario.describe(approx_config)
     assert approx.seconds == pytest.approx(full.seconds, rel=0.1)
+
+
+def test_failures_happen_inside_a_prefix_run() -> None:
+    result = swarm.simulate(small(nodes=40, fail_fraction=0.1, model_bytes=400 * MB, prefix_chunks=8))
+    assert result.failed == 4
+    assert result.completed == 36

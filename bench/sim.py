@@ -13,7 +13,8 @@ Approximation, printed on every line it applies to: where N x chunks exceeds ``-
 chunk transfers, two prefixes of K and 2K chunks are simulated (all N nodes, links, failures)
 and T is extrapolated linearly: T = T(2K) + (C - 2K) x max(slope, chunk/B_o), slope =
 (T(2K) - T(K)) / K, i.e. the swarm is assumed to keep the per-chunk pace it had over the
-second prefix. ``--quick`` lowers the budget and drops N = 10,000.
+second prefix. ``--quick`` lowers the budget and drops N = 10,000. ``--validate`` compares the
+approximation with exact runs at N = 100 and 1,000 (1 GB chunks).
 """
 
 from __future__ import annotations
@@ -108,7 +109,10 @@ def main() -> int:
     parser.add_argument("--only", choices=("calibration", "classic", "default"), default=None)
     parser.add_argument("--budget", type=int, default=None, help="exact runs up to this many chunk transfers")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--validate", action="store_true", help="exact vs prefix approximation, classic N=100, 1000")
     args = parser.parse_args()
+    if args.validate:
+        return validate()
     budget = args.budget or (20_000 if args.quick else 200_000)
     groups = {
         "calibration": calibration(),
@@ -132,6 +136,19 @@ def main() -> int:
     _growth(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def validate() -> int:
+    """The prefix approximation against exact runs (classic scenario, 100 and 1,000 nodes)."""
+    print(f"{'N':>6} {'exact T s':>10} {'approx T s':>10} {'error':>7}  note")
+    for config in big(chunk=10**9, quick=True):
+        exact = run(config, budget=10**9)
+        for per_node in (20, 200):  # prefixes of 10/20 chunks (as at N = 10,000) and of 100/200
+            approx = run(config, budget=per_node * config.nodes)
+            error = approx["seconds"] / exact["seconds"] - 1
+            print(f"{config.nodes:>6} {exact['seconds']:>10.1f} {approx['seconds']:>10.1f} {error:>+7.1%}  "
+                  f"{approx['note']}")  # fmt: skip
     return 0
 
 

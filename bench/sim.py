@@ -38,7 +38,7 @@ def run(config: scenario.Scenario, *, budget: int) -> dict[str, Any]:
     if config.nodes * chunks <= budget:
         result = swarm.simulate(config)
         return _row(config, result.seconds, result, note="exact")
-    k = max(4, budget // (2 * config.nodes))
+    k = max(4, min(1000, budget // (2 * config.nodes)))
     short = swarm.simulate(_prefix(config, k))
     long = swarm.simulate(_prefix(config, 2 * k))
     slope = max((long.simulated_seconds - short.simulated_seconds) / k, config.chunk_bytes / config.origin_rate)

@@ -113,7 +113,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.validate:
         return validate()
-    budget = args.budget or (20_000 if args.quick else 600_000)
+    budget = args.budget or (20_000 if args.quick else 1_000_000)
     groups = {
         "calibration": calibration(),
         "classic": big(chunk=10**9, quick=args.quick),
@@ -144,7 +144,7 @@ def validate() -> int:
     print(f"{'N':>6} {'exact T s':>10} {'approx T s':>10} {'error':>7}  note")
     for config in big(chunk=10**9, quick=True):
         exact = run(config, budget=10**9)
-        for per_node in (60, 200):  # prefixes of 30/60 chunks (as at N = 10,000) and of 100/200
+        for per_node in (100, 200):  # prefixes of 50/100 chunks (as at N = 10,000) and of 100/200
             approx = run(config, budget=per_node * config.nodes)
             error = approx["seconds"] / exact["seconds"] - 1
             print(f"{config.nodes:>6} {exact['seconds']:>10.1f} {approx['seconds']:>10.1f} {error:>+7.1%}  "

@@ -78,7 +78,7 @@ class Holdings:
         names = self.holders[chunk]
         if len(names) <= limit:
             return [n for n in names if alive[n]]
-        drawn = {names[rng.randrange(len(names))] for _ in range(limit)}
+        drawn = set(rng.choices(names, k=limit))
         return [n for n in drawn if alive[n]]
 
     def complete(self, node: int) -> bool:

@@ -32,6 +32,8 @@ class Agents:
     notify_delay: float = 0.0
     retry_after: float = 0.3
     max_tries: int = 32
+    process_delay: float = 0.0
+    start_delay: float = 0.0
     offline_after: float = 10.0
 
 

@@ -16,7 +16,9 @@ Owns the agents' behaviour on top of :mod:`ringseed.sim.flow`. Rules:
   rarest is tried at once, as the agent's download loop does; one planning round tries at
   most ``max_tries`` chunks (one rarest-first ordering, not one call per failure). A node with free slots and
   nothing it may fetch ("starved") re-plans when some chunk gets its first copy, after
-  ``notify_delay`` (the agent's heartbeat/availability latency).
+  ``notify_delay`` (the agent's heartbeat/availability latency). A received chunk is held,
+  announced and served ``process_delay`` after its last byte (hashing, storing, announcing;
+  its download slot stays taken until then); origin duty starts after ``start_delay``.
 - A failed node stops at once: its transfers are cut (receivers re-plan), its copies stop
   counting; the tracker notices after ``offline_after`` and hands its origin duty on. Failure
   times are drawn in ``fail_window`` x the bound of the simulated part (the prefix, if any).
@@ -61,7 +63,8 @@ class Swarm:
         self.duty: list[int] = [0] if config.nodes else []
         self.assigned: dict[int, int] = {}
         self.origin_bytes = 0
-        self._timers: list[tuple[float, int, str, int]] = []
+        self._timers: list[tuple[float, int, str, int, int]] = []
+        self.verifying = [0] * config.nodes
         self._seq = itertools.count()
         self._woken: set[int] = set()
         self.pending = config.nodes  # live nodes still missing chunks
@@ -71,7 +74,7 @@ class Swarm:
     def run(self) -> scenario.Result:
         started = time.perf_counter()
         self._schedule_failures()
-        self._origin_duty()
+        self._at(self.agents.start_delay, "origin", 0)
         for node in range(self.nodes):
             self._plan(node)
         for _ in self._events():
@@ -89,9 +92,9 @@ class Swarm:
                     return
                 continue
             if next_timer <= next_transfer:
-                when, _, kind, node = heapq.heappop(timers)
+                when, _, kind, node, chunk = heapq.heappop(timers)
                 net.advance(when)
-                self._timer(kind, node)
+                self._timer(kind, node, chunk)
             else:
                 self._completed(net.pop())
             yield None
@@ -109,11 +112,16 @@ class Swarm:
     def _finished(self) -> bool:
         return self.pending == 0
 
-    def _at(self, when: float, kind: str, node: int) -> None:
-        heapq.heappush(self._timers, (when, next(self._seq), kind, node))
+    def _at(self, when: float, kind: str, node: int, chunk: int = -1) -> None:
+        heapq.heappush(self._timers, (when, next(self._seq), kind, node, chunk))
 
-    def _timer(self, kind: str, node: int) -> None:
-        if kind == "plan":
+    def _timer(self, kind: str, node: int, chunk: int) -> None:
+        if kind == "landed":
+            self.verifying[node] -= 1
+            self._landed(node, chunk)
+        elif kind == "origin":
+            self._origin_duty()
+        elif kind == "plan":
             self._woken.discard(node)
             self._plan(node)
         elif kind == "fail":
@@ -124,12 +132,26 @@ class Swarm:
     # -- transfers -----------------------------------------------------------------------
 
     def _completed(self, transfer: flow.Transfer) -> None:
+        """The last byte arrived: the sender's slot is free; the chunk lands after ``process_delay``."""
         node, chunk = transfer.receiver, transfer.chunk
-        if transfer.sender == self.origin:
-            self.assigned.pop(chunk, None)
-        duplicates = self.inflight[node].pop(chunk, [])
+        duplicates = self.inflight[node].get(chunk, [])
+        self.inflight[node][chunk] = []  # verifying: not asked for again, not yet held
         for other in duplicates:
             self.net.cancel(other)
+        for sender in {transfer.sender, *(t.sender for t in duplicates)}:
+            self._freed(sender)
+        if self.agents.process_delay > 0:
+            self.verifying[node] += 1
+            self._at(self.net.now + self.agents.process_delay, "landed", node, chunk)
+        else:
+            self._landed(node, chunk)
+
+    def _landed(self, node: int, chunk: int) -> None:
+        """The chunk is verified and stored: held, announced, served; the agent plans again."""
+        self.inflight[node].pop(chunk, None)
+        if not self.alive[node]:
+            return
+        self.assigned.pop(chunk, None)
         first = False
         if not self.held.has(node, chunk):
             self.backoff[node].pop(chunk, None)
@@ -142,8 +164,7 @@ class Swarm:
         self._plan(node)
         if first:
             self._wake(self.starved.drain())
-        for sender in {transfer.sender, node, *(t.sender for t in duplicates)}:
-            self._freed(sender)
+        self._freed(node)
 
     def _start(self, *, sender: int, node: int, chunk: int) -> None:
         transfer = self.net.start(sender=sender, receiver=node, chunk=chunk, size=self.sizes[chunk])
@@ -164,7 +185,7 @@ class Swarm:
         """The agent's download loop: rarest first; a chunk whose holders are all busy backs off."""
         if not self.alive[node] or self.done_at[node] is not None:
             return
-        free = self.agents.download_slots - len(self.net.downloads[node])
+        free = self.agents.download_slots - len(self.net.downloads[node]) - self.verifying[node]
         if free <= 0:
             return
         now, backoff = self.net.now, self.backoff[node]
@@ -240,9 +261,9 @@ class Swarm:
         missing = len(self.sizes) - self.held.count[node]
         if not flying or missing != len(flying):
             return 0
-        counts = {chunk: len(transfers) for chunk, transfers in flying.items()}
+        counts = {chunk: len(transfers) for chunk, transfers in flying.items() if transfers}
         started = 0
-        for chunk in choice.endgame(missing=list(flying), in_flight=counts, free_slots=free):
+        for chunk in choice.endgame(missing=list(counts), in_flight=counts, free_slots=free):
             avoid = tuple(str(t.sender) for t in flying[chunk])
             started += self._fetch(node, chunk, avoid=avoid)
         return started

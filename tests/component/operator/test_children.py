@@ -5,6 +5,9 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import aiohttp
+import pytest
+
 from ringseed.api import constants
 from tests.component.operator.conftest import MD_RES, NS, Operator, create, eventually, get, model_distribution, patch
 
@@ -111,3 +114,29 @@ async def test_spec_change_patches_children_and_unchanged_spec_sends_nothing(ope
         what="the resumed handler reading its children",
     )
     assert len(patches_to_children(kmock)) == before
+
+
+@pytest.mark.kmock(lean=True)
+async def test_lean_emulator_of_the_benchmark_serves_the_operator_alike(operator: Operator) -> None:
+    """bench/operator.py's emulator (no request log, remembered reaction matching, lookups by key,
+    no tracebacks in errors) gives the operator the same children and status."""
+    kmock = operator.kmock
+    assert kmock.lean
+    await create(kmock, MD_RES, model_distribution("llama", uri="s3://models/llama"))
+    found = await eventually(
+        lambda: all(children(kmock, "llama").values()) and children(kmock, "llama"), what="all four children"
+    )
+    status = await eventually(
+        lambda: status_of(kmock, "llama").get("observedGeneration") == 1 and status_of(kmock, "llama"),
+        what="a status for generation 1",
+    )
+    assert status["phase"] == "Pending"
+    agent = command_of(found["daemonset"])  # type: ignore[arg-type]
+    assert agent[agent.index("--source") + 1] == "s3://models/llama"
+    async with aiohttp.ClientSession(base_url=str(kmock.url)) as session:
+        async with session.get(f"/api/v1/namespaces/{NS}/secrets/llama-token") as response:
+            assert response.status == 200
+            assert (await response.json())["metadata"]["name"] == "llama-token"
+        async with session.get(f"/api/v1/namespaces/{NS}/secrets/other-token") as response:
+            assert response.status == 404
+            assert (await response.json())["details"] == {}

@@ -32,7 +32,7 @@ def distribution(rows: list[dict[str, Any]], out: Path) -> None:
     ax.set_ylabel("T (s) until every node holds the model")
     ax.set_yscale("log")
     ax.set_xticks(sorted({r["nodes"] for r in rows}))
-    ax.legend()
+    ax.legend(loc="upper left", fontsize=8)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(out / "distribution.png", dpi=110)

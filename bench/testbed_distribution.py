@@ -54,6 +54,7 @@ def run_ringseed(tb: netns.Testbed, *, work: Path, chunk: int, heartbeat: float,
                             "--cache-dir", str(node_dir / "cache"), "--memory-bytes", "128Mi"],
                      log=work / f"logs/{host.name}.log", env=env))  # fmt: skip
     status_url = f"{master_url}/v1/status"
+
     def wait(pred: Any, *, timeout: float, what: str) -> dict[str, Any]:
         return _wait(pred, origin, status_url, token, procs=procs, timeout=timeout, what=what)
 
@@ -105,8 +106,11 @@ def run_direct(tb: netns.Testbed, *, work: Path, timeout: float) -> dict[str, An
     base = f"http://{tb.origin.address}:{HTTP_PORT}/"
     gate = str(work / "gate")
     procs = [
-        common.spawn(h, [common.PY, "-m", "bench.baselines.direct", base, "--node", h.name, "--gate", gate],
-                     log=work / f"logs/direct-{h.name}.log")
+        common.spawn(
+            h,
+            [common.PY, "-m", "bench.baselines.direct", base, "--node", h.name, "--gate", gate],
+            log=work / f"logs/direct-{h.name}.log",
+        )
         for h in tb.nodes
     ]
     time.sleep(1.0)  # let the clients import and reach the gate

@@ -21,6 +21,7 @@ approximation with exact runs at N = 100 and 1,000 (1 GB chunks).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -119,6 +120,8 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=None, help="exact runs up to this many chunk transfers")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--validate", action="store_true", help="exact vs prefix approximation, classic N=100, 1000")
+    parser.add_argument("--upload-slots", type=int, default=None, help="agent upload slots (default: the agent's)")
+    parser.add_argument("--origin-depth", type=int, default=None, help="origin pulls at once (default: the agent's)")
     args = parser.parse_args()
     if args.validate:
         return validate()
@@ -134,10 +137,11 @@ def main() -> int:
         if args.only and name != args.only:
             continue
         for config in configs:
+            config = _override(config, upload_slots=args.upload_slots, origin_slots=args.origin_depth)
             row = {"group": name, **run(config, budget=budget)}
             rows.append(row)
             chunk = f"{config.chunk_bytes / MiB:.0f}MiB" if config.chunk_bytes < 10**9 else "1GB"
-            if config.agents != scenario.Agents():
+            if config.agents.process_delay:
                 row["note"] += " (agent delays: start 0.3 s, verify+store 0.3 s, heartbeat 0.5 s)"
             print(
                 f"{name:<12} {config.nodes:>6} {chunk:>9} {row['seconds']:>9.1f} {row['bound']:>9.1f} "
@@ -148,6 +152,13 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
+
+
+def _override(config: scenario.Scenario, **agents: int | None) -> scenario.Scenario:
+    changes = {k: v for k, v in agents.items() if v is not None}
+    if not changes:
+        return config
+    return dataclasses.replace(config, agents=dataclasses.replace(config.agents, **changes))
 
 
 def validate() -> int:

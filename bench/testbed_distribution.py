@@ -37,7 +37,9 @@ def t_star(*, size: int, chunk: int, nodes: int, origin_bps: float, node_bps: fl
     return size / (origin_bps / 8) + hops * min(chunk, size) / (node_bps / 8)
 
 
-def run_ringseed(tb: netns.Testbed, *, work: Path, chunk: int, heartbeat: float, timeout: float) -> dict[str, Any]:
+def run_ringseed(
+    tb: netns.Testbed, *, work: Path, chunk: int, heartbeat: float, timeout: float, agent_args: list[str]
+) -> dict[str, Any]:
     token = secrets.token_hex(16)
     env = {"RINGSEED_TOKEN": token}
     origin = tb.origin
@@ -51,7 +53,7 @@ def run_ringseed(tb: netns.Testbed, *, work: Path, chunk: int, heartbeat: float,
                             "--node-name", host.name, "--advertise-host", host.address, "--port", str(AGENT_PORT),
                             "--source", f"http://{origin.address}:{HTTP_PORT}/", "--chunk-size", str(chunk),
                             "--model-name", "bench/model", "--data-dir", str(node_dir / "data"),
-                            "--cache-dir", str(node_dir / "cache"), "--memory-bytes", "128Mi"],
+                            "--cache-dir", str(node_dir / "cache"), "--memory-bytes", "128Mi", *agent_args],
                      log=work / f"logs/{host.name}.log", env=env))  # fmt: skip
     status_url = f"{master_url}/v1/status"
 
@@ -151,7 +153,10 @@ def one_method(method: str, args: argparse.Namespace, *, nodes: int, model: Path
             common.read_line(server, timeout=60, what="origin server")
             before = common.sent_bytes(tb.origin)
             if method == "ringseed":
-                result = run_ringseed(tb, work=work, chunk=args.chunk, heartbeat=args.heartbeat, timeout=args.timeout)
+                result = run_ringseed(
+                    tb, work=work, chunk=args.chunk, heartbeat=args.heartbeat, timeout=args.timeout,
+                    agent_args=args.agent_args.split(),
+                )  # fmt: skip
             elif method == "direct":
                 result = run_direct(tb, work=work, timeout=args.timeout)
             else:
@@ -172,6 +177,7 @@ def main() -> int:
     parser.add_argument("--node-rate", default="1gbit")
     parser.add_argument("--methods", default="ringseed,libtorrent,direct")
     parser.add_argument("--heartbeat", type=float, default=0.5, help="master --heartbeat-interval")
+    parser.add_argument("--agent-args", default="", help="extra agent flags, e.g. '--upload-slots 2'")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--keep", action="store_true", help="keep work directories (logs)")

@@ -50,7 +50,7 @@ def test_model_delivered_to_three_nodes_and_one_all_reduce(tmp_path: Path) -> No
 
     model = testbed_common.write_model(tmp_path / "model", size=12 << 20, files=3)
     args = argparse.Namespace(origin_bps=200e6, node_bps=1e9, chunk=1 << 20, heartbeat=0.25, timeout=60.0,
-                              workdir=str(tmp_path), keep=False)  # fmt: skip
+                              workdir=str(tmp_path), keep=False, agent_args="")  # fmt: skip
     result = testbed_distribution.one_method("ringseed", args, nodes=3, model=model, torrent=tmp_path / "none")
     assert result["ok"], result
     assert result["origin_link_bytes"] < 1.3 * (12 << 20)  # the model left the origin about once

@@ -64,6 +64,7 @@ def ringseed_rank(w: Worker) -> list[float]:
         def once() -> None:
             array.fill(w.rank + 1)
             eng.all_reduce(array, op=engine.ReduceOp.SUM, tag=0)
+
         return _timed(once, array=array, world=w.world, iters=w.iters, sync=lambda: eng.barrier(tag=0))
     finally:
         eng.close()
@@ -84,6 +85,7 @@ def gloo_rank(w: Worker) -> list[float]:
     def once() -> None:
         tensor.fill_(w.rank + 1)
         dist.all_reduce(tensor)
+
     try:
         return _timed(once, array=tensor.numpy(), world=w.world, iters=w.iters, sync=dist.barrier)
     finally:
@@ -113,6 +115,7 @@ def star_rank(w: Worker) -> list[float]:
             array.fill(w.rank + 1)
             conn.sendall(array.data.cast("B"))
             _recv_into(conn, array.data.cast("B"))
+
     for c in conns:
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
@@ -146,9 +149,10 @@ def _recv_into(conn: socket.socket, view: memoryview) -> None:
         got += n
 
 
-def _timed(once: Callable[[], None], *, array: np.ndarray, world: int, iters: int, sync: Callable[[], Any]
-           ) -> list[float]:
-    once()                                                          # warm-up (connections, page faults)
+def _timed(
+    once: Callable[[], None], *, array: np.ndarray, world: int, iters: int, sync: Callable[[], Any]
+) -> list[float]:
+    once()  # warm-up (connections, page faults)
     want = world * (world + 1) / 2
     if not np.all(array == want):
         raise AssertionError(f"wrong sum: {array[:4]} != {want}")
@@ -161,8 +165,7 @@ def _timed(once: Callable[[], None], *, array: np.ndarray, world: int, iters: in
     return times
 
 
-RUNNERS: dict[str, Callable[[Worker], list[float]]] = {"ringseed": ringseed_rank, "gloo": gloo_rank,
-                                                      "star": star_rank}
+RUNNERS: dict[str, Callable[[Worker], list[float]]] = {"ringseed": ringseed_rank, "gloo": gloo_rank, "star": star_rank}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,8 +196,15 @@ class Worker:
 
 def worker_main(argv: list[str]) -> int:
     backend, rank, world, count, iters, folder, host = argv
-    w = Worker(backend=backend, rank=int(rank), world=int(world), count=int(count), iters=int(iters),
-               folder=Path(folder), host=host)
+    w = Worker(
+        backend=backend,
+        rank=int(rank),
+        world=int(world),
+        count=int(count),
+        iters=int(iters),
+        folder=Path(folder),
+        host=host,
+    )
     try:
         w.publish(f"result{w.rank}", RUNNERS[backend](w))
     except BaseException as exc:
@@ -209,8 +219,18 @@ def measure(backend: str, *, world: int, nbytes: int, iters: int, testbed: Any =
         procs = []
         for rank in range(world):
             host = testbed.nodes[rank] if testbed is not None else None
-            args = [sys.executable, str(Path(__file__).resolve()), "--worker", backend, str(rank), str(world),
-                    str(nbytes // 4), str(iters), folder, host.address if host else "127.0.0.1"]
+            args = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--worker",
+                backend,
+                str(rank),
+                str(world),
+                str(nbytes // 4),
+                str(iters),
+                folder,
+                host.address if host else "127.0.0.1",
+            ]
             env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0" if host else "lo", "PYTHONPATH": str(REPO)}
             procs.append(host.popen(args, env=env) if host else subprocess.Popen(args, env=env))
         for p in procs:
@@ -231,8 +251,22 @@ def _reader(folder: str) -> Worker:
 
 
 def kill_row(world: int, size_mib: int) -> dict[str, Any] | None:
-    cmd = [sys.executable, "-m", "ringseed.cli", "local", "allreduce", "--peers", str(world), "--size",
-           f"{size_mib}Mi", "--iters", "3", "--kill-peer-at", "1", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ringseed.cli",
+        "local",
+        "allreduce",
+        "--peers",
+        str(world),
+        "--size",
+        f"{size_mib}Mi",
+        "--iters",
+        "3",
+        "--kill-peer-at",
+        "1",
+        "--json",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     try:
         result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -251,17 +285,22 @@ def main() -> int:
     parser.add_argument("--sizes", default=None, help="MiB, comma-separated (default 1,4,16,64,256)")
     parser.add_argument("--backends", default="ringseed,gloo,star")
     parser.add_argument("--iters", type=int, default=5)
-    parser.add_argument("--link-rate", default=None,
-                        help="run each rank in its own network namespace with links shaped to this rate "
-                             "(e.g. 1gbit; needs root, ip and tc) instead of plain loopback")
+    parser.add_argument(
+        "--link-rate",
+        default=None,
+        help="run each rank in its own network namespace with links shaped to this rate "
+        "(e.g. 1gbit; needs root, ip and tc) instead of plain loopback",
+    )
     parser.add_argument("--no-kill", action="store_true", help="skip the SIGKILL recovery row")
     args = parser.parse_args()
     sizes = [int(s) for s in (args.sizes or ("1,16" if args.quick else "1,4,16,64,256")).split(",")]
     peers = [int(n) for n in args.peers.split(",")]
     backends = [b for b in args.backends.split(",") if b != "gloo" or _has_torch()]
     where = f"network namespaces, links shaped to {args.link_rate}" if args.link_rate else "loopback"
-    print(f"float32 SUM all-reduce on {where}\n"
-          f"{'backend':<9} {'N':>2} {'size':>8} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11}")
+    print(
+        f"float32 SUM all-reduce on {where}\n"
+        f"{'backend':<9} {'N':>2} {'size':>8} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11}"
+    )
     table: dict[tuple[str, int, int], float] = {}
     for world in peers:
         with _testbed(world, args.link_rate) as testbed:
@@ -270,15 +309,20 @@ def main() -> int:
                     seconds = measure(backend, world=world, nbytes=size * MiB, iters=args.iters, testbed=testbed)
                     algbw = size * MiB / seconds / 1e9
                     table[backend, world, size] = algbw * 2 * (world - 1) / world
-                    print(f"{backend:<9} {world:>2} {size:>5} MiB {seconds * 1e3:>9.2f} {algbw:>11.3f} "
-                          f"{table[backend, world, size]:>11.3f}", flush=True)
+                    print(
+                        f"{backend:<9} {world:>2} {size:>5} MiB {seconds * 1e3:>9.2f} {algbw:>11.3f} "
+                        f"{table[backend, world, size]:>11.3f}",
+                        flush=True,
+                    )
     _print_ratios(table, peers=peers, sizes=sizes)
     if not args.no_kill:
         result = kill_row(world=max(peers), size_mib=16)
         if result is not None:
-            print(f"SIGKILL of 1 of {max(peers)} peers during 16 MiB all-reduces (loopback): retry completed "
-                  f"{result.get('recovery_seconds', float('nan')):.3f} s after the kill "
-                  f"(abort seen after {result.get('abort_seconds')}, ok={result.get('ok')})")
+            print(
+                f"SIGKILL of 1 of {max(peers)} peers during 16 MiB all-reduces (loopback): retry completed "
+                f"{result.get('recovery_seconds', float('nan')):.3f} s after the kill "
+                f"(abort seen after {result.get('abort_seconds')}, ok={result.get('ok')})"
+            )
     return 0
 
 

@@ -106,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ringseed-bench-") as tmp:
         sizes = {name: size * args.size_mib // 256 for name, size in distribute.DEMO_FILES.items()}
         root = distribute.write_demo_model(Path(tmp) / "model", sizes)
-        print(f"model {sum(sizes.values()) / MiB:.1f} MiB in {len(sizes)} files, origin {args.origin_rate_mib} MiB/s, "
-              f"chunk {args.chunk_mib} MiB, memory tier {args.memory_mib} MiB")
+        print(
+            f"model {sum(sizes.values()) / MiB:.1f} MiB in {len(sizes)} files, origin {args.origin_rate_mib} MiB/s, "
+            f"chunk {args.chunk_mib} MiB, memory tier {args.memory_mib} MiB"
+        )
         columns = [("N", 3), ("T s", 7), ("T_xfer s", 9), ("T* s", 7), ("T/T*", 6)]
         columns += [("origin/S", 9), ("cpu s/GB", 9), ("RSS MB", 7)]
         print(" ".join(f"{name:>{width}}" for name, width in columns))

@@ -61,8 +61,9 @@ class Config:
     origin_rate_limit: float | None = None
     host: str = "0.0.0.0"
     download_slots: int = 4
-    upload_slots: int = 8
-    origin_depth: int = 2
+    upload_slots: int = 2
+    origin_depth: int = 1
+    origin_upload_slots: int = 1
     corrupt_uploads: bool = False
     expected_digest: str | None = None
 
@@ -143,7 +144,7 @@ class Agent:
         app = server.create_app(
             token=self.config.token,
             source=self,
-            max_uploads=self.config.upload_slots,
+            max_uploads=self.upload_limit,
             metrics=self.metrics,
             refresh_metrics=self._refresh_metrics,
             corrupt_uploads=self.config.corrupt_uploads,
@@ -156,6 +157,12 @@ class Agent:
         self.url = f"http://{self.config.advertise_host}:{port}"
         log.info("Agent %s serving chunks at %s", self.config.node_name, self.url)
         return runner
+
+    def upload_limit(self) -> int:
+        """Upload slots now: fewer while this agent still pulls from the origin, so the pull keeps pace."""
+        if self.origin_duty and self.missing:
+            return max(1, min(self.config.origin_upload_slots, self.config.upload_slots))
+        return max(1, self.config.upload_slots)
 
     # -- tracker membership ----------------------------------------------------------------
 

@@ -35,7 +35,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ssd-bytes", default=None, help="SSD tier budget (accepted; not enforced yet)")
     parser.add_argument("--origin-rate-limit", default=None, help="bytes/s from the origin (e.g. 32Mi)")
     parser.add_argument("--download-slots", type=int, default=4)
-    parser.add_argument("--upload-slots", type=int, default=8)
+    parser.add_argument("--upload-slots", type=int, default=2, help="peers served at once (few: copies double)")
+    parser.add_argument("--origin-depth", type=int, default=1, help="origin pulls at once on origin duty")
+    parser.add_argument(
+        "--origin-upload-slots", type=int, default=1, help="peers served at once while pulling from the origin"
+    )
 
 
 def read_token(token_file: str | None) -> str | None:
@@ -71,6 +75,8 @@ def _config(args: argparse.Namespace, *, token: str, namespace: str, name: str) 
         origin_rate_limit=float(rate) if rate else None,
         download_slots=args.download_slots,
         upload_slots=args.upload_slots,
+        origin_depth=args.origin_depth,
+        origin_upload_slots=args.origin_upload_slots,
         corrupt_uploads=os.environ.get("RINGSEED_FAULT_CORRUPT_UPLOADS") == "1",
         expected_digest=os.environ.get("RINGSEED_EXPECTED_DIGEST") or None,
     )

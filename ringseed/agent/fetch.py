@@ -91,9 +91,11 @@ async def fetch_chunk(agent: Agent, index: int, *, rng: random.Random) -> bool:
     for holder in holders:
         if agent.avoid.get(holder.name, 0.0) > now or index in agent.held:
             continue
+        started = time.monotonic()
         data = await _get(agent, holder, index)
         if data is None:
             continue
+        log.info("Chunk %d from %s in %.2f s", index, holder.name, time.monotonic() - started)
         if await _verify(agent, index, data):
             await agent.accept(index, data, digest=agent.hashes[index], from_origin=False)
             return True

@@ -2,9 +2,11 @@
 
 Rules:
 - Only verified chunks are served (the agent's ``held`` map); anything else is 404 ``not_held``.
-- A chunk in the memory tier is sent from memory; otherwise the staged file slices are sent
+- A chunk in the memory tier is sent from memory, in pieces, inside the handler (so the upload
+  slot stays taken until the body is out); otherwise the staged file slices are sent
   with ``sendfile`` (no copy through Python), one slice after another.
-- Uploads are bounded (``max_uploads``); a busy server answers 429 with ``Retry-After`` and the
+- Uploads are bounded (``max_uploads``: a number, or a callable asked per request, so the agent
+  can serve fewer peers while it is on origin duty); a busy server answers 429 with ``Retry-After`` and the
   client asks another holder.
 - Bearer token, JSON errors and body limits come from ``ringseed.web``.
 - Test-only fault injection: with ``corrupt_uploads`` (env ``RINGSEED_FAULT_CORRUPT_UPLOADS=1``
@@ -22,6 +24,8 @@ from aiohttp import web as aioweb
 from ringseed import web
 from ringseed.agent import cache, store
 
+SEND_PIECE = 1 << 20  # bytes per write of a memory-tier chunk
+
 
 class ChunkSource(Protocol):
     """What the server needs from the agent."""
@@ -37,7 +41,7 @@ def create_app(
     *,
     token: str,
     source: ChunkSource,
-    max_uploads: int,
+    max_uploads: int | Callable[[], int],
     metrics: web.Metrics,
     refresh_metrics: Callable[[], None],
     corrupt_uploads: bool = False,
@@ -50,9 +54,9 @@ def create_app(
 
 
 class _ChunkServer:
-    def __init__(self, source: ChunkSource, *, max_uploads: int, corrupt: bool) -> None:
+    def __init__(self, source: ChunkSource, *, max_uploads: int | Callable[[], int], corrupt: bool) -> None:
         self.source = source
-        self.max_uploads = max_uploads
+        self.max_uploads = max_uploads if callable(max_uploads) else (lambda: max_uploads)
         self.corrupt = corrupt
 
     async def get_chunk(self, request: aioweb.Request) -> aioweb.StreamResponse:
@@ -62,7 +66,7 @@ class _ChunkServer:
             raise web.problem(400, "bad_index", "chunk index must be an integer") from exc
         if index not in self.source.held:
             raise web.problem(404, "not_held", f"chunk {index} is not held (verified) here")
-        if self.source.active_uploads >= self.max_uploads:
+        if self.source.active_uploads >= self.max_uploads():
             return aioweb.json_response(
                 {"error": "busy", "reason": "upload slots are full; ask another holder"},
                 status=429,
@@ -82,9 +86,25 @@ class _ChunkServer:
             data = raw
         headers = {"X-Chunk-Sha256": self.source.held[index]}
         if data is not None:
-            self.source.uploaded_bytes += len(data)
-            return aioweb.Response(body=data, content_type="application/octet-stream", headers=headers)
+            return await self._send_memory(request, data, headers)
         return await self._sendfile(request, index, headers)
+
+    async def _send_memory(
+        self, request: aioweb.Request, data: bytes | bytearray, headers: dict[str, str]
+    ) -> aioweb.StreamResponse:
+        # Written here, piece by piece with back-pressure, so the upload slot is held until the
+        # body is out (a plain Response would be written after the handler returned its slot).
+        response = aioweb.StreamResponse(headers=headers)
+        response.content_type = "application/octet-stream"
+        response.content_length = len(data)
+        await response.prepare(request)
+        view = memoryview(data)
+        for start in range(0, len(data), SEND_PIECE):
+            piece = view[start : start + SEND_PIECE]
+            await response.write(piece)
+            self.source.uploaded_bytes += len(piece)
+        await response.write_eof()
+        return response
 
     async def _sendfile(self, request: aioweb.Request, index: int, headers: dict[str, str]) -> aioweb.StreamResponse:
         slices = self.source.store.file_slices(index)

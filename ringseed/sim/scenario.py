@@ -25,12 +25,12 @@ class Agents:
     """How an agent behaves (mirrors the real agent's defaults; see ringseed/agent)."""
 
     download_slots: int = 4
-    upload_slots: int = 8
-    origin_slots: int = 2
+    upload_slots: int = 2
+    origin_slots: int = 1
     peer_limit: int = 4
     holder_sample: int = 16
     notify_delay: float = 0.0
-    retry_after: float = 0.3
+    retry_after: float = 0.1
     max_tries: int = 32
     process_delay: float = 0.0
     start_delay: float = 0.0

@@ -213,16 +213,9 @@ def md_status(
         )
         if report.get("manifest_digest"):
             result["manifestDigest"] = report["manifest_digest"]
-    result["conditions"] = conditions_for(
-        verdict,
-        done_phases=("Complete",),
-        now=now,
-        generation=_generation(generation, previous),
-        previous=previous.get("conditions") or [],
+    return _with_conditions(
+        result, verdict, done_phases=("Complete",), now=now, generation=generation, previous=previous
     )
-    if generation is not None:
-        result["observedGeneration"] = generation
-    return result
 
 
 def tg_status(
@@ -257,9 +250,24 @@ def tg_status(
                 else {"bytes": int(last.get("bytes") or 0), "busbwGbps": float(last.get("busbw_gbps") or 0.0)},
             }
         )
+    return _with_conditions(
+        result, verdict, done_phases=("Running",), now=now, generation=generation, previous=previous
+    )
+
+
+def _with_conditions(
+    result: dict[str, Any],
+    verdict: Verdict,
+    *,
+    done_phases: tuple[str, ...],
+    now: str,
+    generation: int | None,
+    previous: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Add the conditions for ``verdict`` and ``observedGeneration`` to a status patch."""
     result["conditions"] = conditions_for(
         verdict,
-        done_phases=("Running",),
+        done_phases=done_phases,
         now=now,
         generation=_generation(generation, previous),
         previous=previous.get("conditions") or [],

@@ -31,17 +31,18 @@ PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
 class HTTPProblem(web.HTTPException):
     """An HTTP error whose body is JSON with a machine code and a human reason."""
 
-    def __init__(self, status: int, error: str, reason: str) -> None:
+    def __init__(self, status: int, error: str, reason: str, *, headers: Mapping[str, str] | None = None) -> None:
         self.status_code = status
         super().__init__(
+            headers=headers,
             text=json.dumps({"error": error, "reason": reason}),
             content_type="application/json",
         )
 
 
-def problem(status: int, error: str, reason: str) -> HTTPProblem:
-    """Build (not raise) a JSON HTTP error: ``raise web_problem(400, "bad_request", "...")``."""
-    return HTTPProblem(status, error, reason)
+def problem(status: int, error: str, reason: str, *, headers: Mapping[str, str] | None = None) -> HTTPProblem:
+    """Build (not raise) a JSON HTTP error: ``raise problem(400, "bad_request", "...")``."""
+    return HTTPProblem(status, error, reason, headers=headers)
 
 
 def _bearer(request: web.Request) -> str | None:
@@ -66,7 +67,12 @@ def auth_middleware(token: str, *, public_paths: Iterable[str] = PUBLIC_PATHS) -
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in public and not token_ok(_bearer(request), token):
-            raise problem(401, "unauthorized", "missing or wrong bearer token for this group")
+            raise problem(
+                401,
+                "unauthorized",
+                "missing or wrong bearer token for this group",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         return await handler(request)
 
     return middleware
@@ -84,7 +90,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:
         if exc.status_code < 400:
             raise
-        raise problem(exc.status_code, exc.reason.lower().replace(" ", "_"), exc.text or exc.reason) from exc
+        kept = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
+        code = exc.reason.lower().replace(" ", "_")
+        raise problem(exc.status_code, code, exc.text or exc.reason, headers=kept) from exc
     except Exception as exc:
         log.exception("Handler failed for %s %s", request.method, request.path)
         raise problem(500, "internal", f"internal error: {type(exc).__name__}") from exc

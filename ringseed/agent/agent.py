@@ -16,6 +16,10 @@ Rules:
 - A sync loop heartbeats every ``heartbeat_interval`` (sooner when there is news) with load,
   counters and the batch of new chunks, and learns duty, hashes and availability. A 404
   ``unknown_node`` (master restarted or purged us) means register again with everything held.
+- A verified chunk is held (pinned in the memory tier, announced, served from memory) at once;
+  its disk write runs behind it, a bounded number at a time. Its journal line is queued only
+  after the write finished; a failed write drops the chunk (fetched again). Materialising waits
+  for every pending write.
 - When every chunk is held: make the writes durable, materialise atomically under
   ``<data-dir>/<namespace>/<name>/`` and report the manifest digest; keep serving peers. With an
   expected digest (``RINGSEED_EXPECTED_DIGEST``, the resource's ``source.digest``) a model whose
@@ -41,6 +45,7 @@ from ringseed.protocol import manifest
 
 log = logging.getLogger(__name__)
 MAX_ANNOUNCE = 4096
+MAX_PENDING_WRITES = 8  # write-behind chunks in flight (also bounded by the memory budget)
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,8 @@ class Agent:
         self.resumed_chunks = 0
         self.announce: list[tuple[int, str | None]] = []
         self.uncommitted: list[tuple[int, str]] = []
+        self.pending_writes: dict[int, asyncio.Task[None]] = {}
+        self.write_failures = 0
         self.verified_digest: str | None = None
         self.heartbeat_interval = 1.0
         self.avoid: dict[str, float] = {}
@@ -137,6 +144,7 @@ class Agent:
             for task in [*tasks, stopper]:
                 task.cancel()
             await asyncio.gather(*tasks, stopper, return_exceptions=True)
+            await self._drain_writes()
             await asyncio.to_thread(self.store.commit, self._take_uncommitted())
 
     async def _serve(self) -> aioweb.AppRunner:
@@ -185,6 +193,7 @@ class Agent:
             if exc.status != 409:
                 raise
             log.warning("Tracker has a different layout; discarding local staging: %s", exc)
+            await self._drain_writes()
             self._forget_layout()
             reply = await self.tracker.register(url=self.url, session=self.session_id, chunks={}, layout=None)
         self.heartbeat_interval = float(reply.get("heartbeat_interval", 1.0))
@@ -291,21 +300,62 @@ class Agent:
     # -- chunks ------------------------------------------------------------------------------
 
     async def accept(self, index: int, data: bytes | bytearray, *, digest: str, from_origin: bool) -> bool:
-        """Store a verified chunk, keep it in memory, queue its announcement. False if already held."""
+        """Hold a verified chunk: pinned in memory, announced at once, written to disk behind it.
+
+        False if already held. The journal line is queued only when the write has finished (and
+        :meth:`store.Store.commit` syncs the data before journaling it). At most
+        ``memory budget // chunk`` writes are in flight (back-pressure on the caller); a chunk too
+        big for the memory tier is written before it counts as held, as before.
+        """
         if index in self.held or self.layout is None:
             return False
-        await asyncio.to_thread(self.store.write_chunk, index, data)
-        if index in self.held:
+        limit = min(MAX_PENDING_WRITES, self.memory.budget // max(1, len(data)))
+        if limit < 1:
+            await asyncio.to_thread(self.store.write_chunk, index, data)
+            if index in self.held:
+                return False
+            self._hold(index, data, digest=digest, from_origin=from_origin)
+            self.uncommitted.append((index, digest))
+            return True
+        while len(self.pending_writes) >= limit:
+            await asyncio.wait(set(self.pending_writes.values()), return_when=asyncio.FIRST_COMPLETED)
+        if index in self.held or index in self.pending_writes or self.layout is None:
             return False
+        self.memory.put(index, data, pin=True)
+        self._hold(index, data, digest=digest, from_origin=from_origin)
+        self.pending_writes[index] = asyncio.create_task(self._write_behind(index, data, digest))
+        return True
+
+    def _hold(self, index: int, data: bytes | bytearray, *, digest: str, from_origin: bool) -> None:
         self.held[index] = digest
         self.hashes.setdefault(index, digest)
         self.missing.discard(index)
-        self.memory.put(index, data)
+        if index not in self.memory.pinned:
+            self.memory.put(index, data)
         self.announce.append((index, digest if from_origin else None))
-        self.uncommitted.append((index, digest))
         self.news.set()
         self.changed.set()
-        return True
+
+    async def _write_behind(self, index: int, data: bytes | bytearray, digest: str) -> None:
+        try:
+            await asyncio.to_thread(self.store.write_chunk, index, data)
+        except Exception:
+            log.exception("Writing chunk %d to staging failed; dropping it and fetching it again", index)
+            self.write_failures += 1
+            self._unhold(index)
+            self.changed.set()
+            return
+        finally:
+            self.memory.unpin(index)
+            self.pending_writes.pop(index, None)
+        if self.held.get(index) == digest:  # still ours (not dropped on a hash mismatch meanwhile)
+            self.uncommitted.append((index, digest))
+            self.changed.set()
+
+    async def _drain_writes(self) -> None:
+        """Wait until every write-behind has finished (done or failed)."""
+        while self.pending_writes:
+            await asyncio.wait(set(self.pending_writes.values()))
 
     def _take_uncommitted(self) -> list[tuple[int, str]]:
         entries, self.uncommitted = self.uncommitted, []
@@ -318,9 +368,13 @@ class Agent:
                 await asyncio.to_thread(self.store.commit, self._take_uncommitted())
 
     async def _finish(self) -> None:
-        while self.layout is None or self.missing or len(self.hashes) < self.layout.chunk_count:
-            await self.changed.wait()
-            await asyncio.sleep(0.05)
+        while True:
+            while self.layout is None or self.missing or len(self.hashes) < self.layout.chunk_count:
+                await self.changed.wait()
+                await asyncio.sleep(0.05)
+            await self._drain_writes()
+            if not self.missing:  # a failed write puts its chunk back in ``missing``
+                break
         hashes = tuple(self.hashes[i] for i in range(self.layout.chunk_count))
         digest = manifest.Manifest(layout=self.layout, chunk_hashes=hashes).digest
         await asyncio.to_thread(self.store.commit, self._take_uncommitted())

@@ -2,7 +2,9 @@
 
 Rules: a byte budget (``budget`` bytes; 0 disables the tier); least recently used chunks are
 evicted first; only verified chunks are ever put here (the caller checks); a chunk larger than
-the whole budget is not kept. Single-threaded (the agent's event loop); values are treated as
+the whole budget is not kept. A *pinned* chunk (its disk write has not finished yet) is never
+evicted; the caller bounds how many chunks it pins so pinned bytes stay within the budget, and
+unpins a chunk once its write is done. Single-threaded (the agent's event loop); values are treated as
 immutable once stored.
 """
 
@@ -20,16 +22,26 @@ class MemoryTier:
         self.hits = 0
         self.misses = 0
         self._chunks: OrderedDict[int, bytes | bytearray] = OrderedDict()
+        self.pinned: set[int] = set()
 
-    def put(self, index: int, data: bytes | bytearray) -> None:
+    def put(self, index: int, data: bytes | bytearray, *, pin: bool = False) -> bool:
+        """Keep ``data`` (pinned if ``pin``); False if it does not fit the budget and was not kept."""
         if len(data) > self.budget:
-            return
+            return False
         self.discard(index)
         self._chunks[index] = data
         self.used += len(data)
-        while self.used > self.budget:
-            _, old = self._chunks.popitem(last=False)
-            self.used -= len(old)
+        if pin:
+            self.pinned.add(index)
+        if self.used > self.budget:
+            for old_index in [i for i in self._chunks if i not in self.pinned]:
+                self.used -= len(self._chunks.pop(old_index))
+                if self.used <= self.budget:
+                    break
+        return True
+
+    def unpin(self, index: int) -> None:
+        self.pinned.discard(index)
 
     def get(self, index: int) -> bytes | bytearray | None:
         data = self._chunks.get(index)
@@ -41,6 +53,7 @@ class MemoryTier:
         return data
 
     def discard(self, index: int) -> None:
+        self.pinned.discard(index)
         old = self._chunks.pop(index, None)
         if old is not None:
             self.used -= len(old)

@@ -4,7 +4,9 @@ Rules:
 - Only verified chunks are served (the agent's ``held`` map); anything else is 404 ``not_held``.
 - A chunk in the memory tier is sent from memory, in pieces, inside the handler (so the upload
   slot stays taken until the body is out); otherwise the staged file slices are sent
-  with ``sendfile`` (no copy through Python), one slice after another.
+  with ``sendfile`` (no copy through Python), one slice after another. A chunk whose disk write
+  has not finished is pinned in the memory tier; should it be missing there, it is answered
+  429 (never sendfile over a file region that may still have holes).
 - Uploads are bounded (``max_uploads``: a number, or a callable asked per request, so the agent
   can serve fewer peers while it is on origin duty); a busy server answers 429 with ``Retry-After`` and the
   client asks another holder.
@@ -53,6 +55,14 @@ def create_app(
     return app
 
 
+def _busy() -> aioweb.Response:
+    return aioweb.json_response(
+        {"error": "busy", "reason": "upload slots are full; ask another holder"},
+        status=429,
+        headers={"Retry-After": "1"},
+    )
+
+
 class _ChunkServer:
     def __init__(self, source: ChunkSource, *, max_uploads: int | Callable[[], int], corrupt: bool) -> None:
         self.source = source
@@ -67,11 +77,7 @@ class _ChunkServer:
         if index not in self.source.held:
             raise web.problem(404, "not_held", f"chunk {index} is not held (verified) here")
         if self.source.active_uploads >= self.max_uploads():
-            return aioweb.json_response(
-                {"error": "busy", "reason": "upload slots are full; ask another holder"},
-                status=429,
-                headers={"Retry-After": "1"},
-            )
+            return _busy()
         self.source.active_uploads += 1
         try:
             return await self._send(request, index)
@@ -80,6 +86,8 @@ class _ChunkServer:
 
     async def _send(self, request: aioweb.Request, index: int) -> aioweb.StreamResponse:
         data = self.source.memory.get(index)
+        if data is None and index in self.source.memory.pinned:  # its disk write is still in flight
+            return _busy()
         if self.corrupt:
             raw = bytearray(data if data is not None else await asyncio.to_thread(self.source.store.read_chunk, index))
             raw[len(raw) // 2] ^= 0xFF

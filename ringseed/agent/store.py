@@ -75,6 +75,7 @@ class Store:
         self._fds: dict[str, int] = {}
         self._dirty: set[str] = set()
         self._lock = threading.Lock()  # writes and commits run on worker threads
+        self._commit_lock = threading.Lock()  # one commit at a time: its syncs finish before any journal line
         self._journal: int | None = None
 
     def saved_layout(self) -> manifest.Layout | None:
@@ -125,13 +126,14 @@ class Store:
     def commit(self, entries: Iterable[tuple[int, str]]) -> None:
         """Make written chunks durable, then journal them (data first, then the record)."""
         lines = "".join(f"{i} {h}\n" for i, h in entries)
-        with self._lock:
-            dirty, self._dirty = self._dirty, set()
-        for path in sorted(dirty):
-            os.fdatasync(self._fds[path])
-        if lines and self._journal is not None:
-            os.write(self._journal, lines.encode("ascii"))
-            os.fsync(self._journal)
+        with self._commit_lock:
+            with self._lock:
+                dirty, self._dirty = self._dirty, set()
+            for path in sorted(dirty):
+                os.fdatasync(self._fds[path])
+            if lines and self._journal is not None:
+                os.write(self._journal, lines.encode("ascii"))
+                os.fsync(self._journal)
 
     def read_chunk(self, index: int) -> bytes:
         """The chunk's bytes from the staged files."""

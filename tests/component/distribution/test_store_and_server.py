@@ -87,9 +87,26 @@ async def test_server_sends_verified_chunks_from_disk_and_memory(tmp_path: Path,
                 assert hashlib.sha256(body).hexdigest() == held[index]
             async with http.get(f"{base}/v1/chunks/2") as resp:
                 assert resp.status == 404  # not verified here: never served
+            source.memory.pinned.add(1)  # disk write in flight and (wrongly) not in memory: no sendfile
+            async with http.get(f"{base}/v1/chunks/1") as resp:
+                assert resp.status == 429
+            source.memory.unpin(1)
             source.active_uploads = 1
             async with http.get(f"{base}/v1/chunks/1") as resp:
                 assert resp.status == 429 and resp.headers["Retry-After"]
     finally:
         await runner.cleanup()
         staging.close()
+
+
+def test_memory_tier_never_evicts_a_pinned_chunk() -> None:
+    tier = cache.MemoryTier(2 * MiB)
+    assert tier.put(0, bytes(MiB), pin=True)
+    tier.put(1, bytes(MiB))
+    tier.put(2, bytes(MiB))  # evicts 1, the oldest unpinned, not the older pinned 0
+    assert tier.get(0) is not None and tier.get(1) is None and tier.used == 2 * MiB
+    tier.unpin(0)
+    tier.put(3, bytes(MiB))  # evicts 2
+    tier.put(4, bytes(MiB))  # evicts 0, now an ordinary entry
+    assert tier.get(0) is None and tier.pinned == set()
+    assert not tier.put(5, bytes(3 * MiB))

@@ -282,20 +282,8 @@ def invalid_status(
 ) -> dict[str, Any]:
     """Phase Failed with an InvalidSpec condition naming the field and the problem."""
     verdict = Verdict("Failed", cond.REASON_SPEC_INVALID, f"{field}: {problem}")
-    result: dict[str, Any] = {
-        "phase": "Failed",
-        "message": verdict.message,
-        "conditions": conditions_for(
-            verdict,
-            done_phases=(),
-            now=now,
-            generation=_generation(generation, previous),
-            previous=previous.get("conditions") or [],
-        ),
-    }
-    if generation is not None:
-        result["observedGeneration"] = generation
-    return result
+    result: dict[str, Any] = {"phase": "Failed", "message": verdict.message}
+    return _with_conditions(result, verdict, done_phases=(), now=now, generation=generation, previous=previous)
 
 
 def phase_event(*, previous: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[str, str, str] | None:

@@ -40,7 +40,7 @@ import aiohttp
 from aiohttp import web as aioweb
 
 from ringseed import web
-from ringseed.agent import cache, fetch, origins, seeder, server, store, tracker_client
+from ringseed.agent import cache, fetch, origins, seeder, server, store, stream, tracker_client
 from ringseed.protocol import manifest
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ class Config:
     upload_slots: int = 2
     origin_depth: int = 1
     origin_upload_slots: int = 1
+    stream_slots: int = 8
     corrupt_uploads: bool = False
     expected_digest: str | None = None
 
@@ -89,7 +90,10 @@ class Agent:
         self.availability: list[int] = []
         self.sync_state: dict[str, Any] = {"epoch": None, "hash_cursor": 0, "avail_version": -1}
         self.origin_duty = False
+        self.pulling: set[int] = set()  # chunks the origin-duty agent is pulling now (streamable there)
+        self.inflight: dict[int, stream.Inflight] = {}  # ours, on origin duty
         self.active_uploads = 0
+        self.active_streams = 0
         self.uploaded_bytes = 0
         self.fetched_bytes = 0
         self.origin_bytes = 0
@@ -153,6 +157,7 @@ class Agent:
             token=self.config.token,
             source=self,
             max_uploads=self.upload_limit,
+            max_streams=self.config.stream_slots,
             metrics=self.metrics,
             refresh_metrics=self._refresh_metrics,
             corrupt_uploads=self.config.corrupt_uploads,
@@ -213,12 +218,18 @@ class Agent:
 
     async def _adopt(self, layout: manifest.Layout, *, hashes: list[Any] | None) -> None:
         verified = await asyncio.to_thread(self.store.open, layout)
+        # Hashes that heartbeats brought while the manifest was fetched or the store opened are
+        # kept: the tracker sends each hash once (after our cursor), so dropping one would leave
+        # its chunk unfetchable for good.
+        learned = {i: h for i, h in self.hashes.items() if 0 <= i < layout.chunk_count}
         self.layout = layout
         self.held = dict(verified)
         self.hashes = dict(verified)
         for index, digest in enumerate(hashes or []):
             if isinstance(digest, str):
                 self.hashes.setdefault(index, digest)
+        for index, digest in learned.items():
+            self.hashes.setdefault(index, digest)
         self.held = {i: h for i, h in self.held.items() if self.hashes[i] == h}
         self.missing = set(range(layout.chunk_count)) - set(self.held)
         self.resumed_chunks = len(self.held)
@@ -288,6 +299,7 @@ class Agent:
             self.hashes[index] = digest
         if reply.get("availability") is not None:
             self.availability = [int(n) for n in reply["availability"]]
+        self.pulling = {int(i) for i in reply.get("pulling", [])}
         self.changed.set()
 
     def counters(self) -> dict[str, int]:

@@ -40,6 +40,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--origin-upload-slots", type=int, default=1, help="peers served at once while pulling from the origin"
     )
+    parser.add_argument(
+        "--stream-slots",
+        type=int,
+        default=8,
+        help="peers that may stream a chunk while it arrives from the origin (0: off)",
+    )
 
 
 def read_token(token_file: str | None) -> str | None:
@@ -77,6 +83,7 @@ def _config(args: argparse.Namespace, *, token: str, namespace: str, name: str) 
         upload_slots=args.upload_slots,
         origin_depth=args.origin_depth,
         origin_upload_slots=args.origin_upload_slots,
+        stream_slots=args.stream_slots,
         corrupt_uploads=os.environ.get("RINGSEED_FAULT_CORRUPT_UPLOADS") == "1",
         expected_digest=os.environ.get("RINGSEED_EXPECTED_DIGEST") or None,
     )

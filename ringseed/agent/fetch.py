@@ -14,6 +14,13 @@ Rules:
 - Every received chunk is checked (length and SHA-256) before it is stored, announced or
   served. A mismatch is reported to the tracker (which penalises the peer) and the peer is
   avoided for good by this agent.
+- Cut-through: a chunk the tracker lists as being pulled from the origin (``pulling``) and
+  that nobody holds yet may be streamed from the puller (``?stream=1``, :mod:`ringseed.agent.stream`),
+  at most ``MAX_STREAMS`` at once, each taking a download slot. The streamed bytes are checked
+  against the tracker's hash, which is known only once the puller has the whole chunk: the
+  agent asks for it (an early heartbeat) for up to ``HASH_WAIT_S``. A stream that breaks, is
+  refused (429) or does not match is dropped without penalty (the bytes were never claimed
+  verified) and the chunk is fetched from holders as usual.
 """
 
 from __future__ import annotations
@@ -38,12 +45,16 @@ log = logging.getLogger(__name__)
 UNREACHABLE_AVOID_S = 5.0
 RETRY_AFTER_S = 0.1
 ENDGAME_REQUESTS = 1  # outstanding requests per chunk in the end game (1: no duplicates)
+MAX_STREAMS = 1  # chunks streamed from the origin puller at once
+STREAM_RETRY_S = 0.5
+HASH_WAIT_S = 30.0
 
 
 async def download_loop(agent: Agent) -> None:
     rng = random.Random()
     tasks: dict[int, set[asyncio.Task[bool]]] = {}
     retry_at: dict[int, float] = {}
+    stream_retry_at: dict[int, float] = {}
     while True:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(agent.changed.wait(), timeout=0.2)
@@ -54,16 +65,46 @@ async def download_loop(agent: Agent) -> None:
         in_flight = {i: len(ts) for i, ts in tasks.items()}
         free = agent.config.download_slots - sum(in_flight.values())
         now = time.monotonic()
+        for index in _stream_picks(agent, tasks, stream_retry_at, free=free, now=now):
+            stream_retry_at[index] = now + STREAM_RETRY_S * (0.5 + random.random())
+            _launch(agent, tasks, index, stream_chunk(agent, index))
+            free -= 1
         candidates = [i for i in agent.missing if i in agent.hashes and i not in tasks and retry_at.get(i, 0) <= now]
         picks = choice.rarest_first(candidates=candidates, availability=agent.availability, count=free, rng=rng)
         if not picks:
+            in_flight = {i: len(ts) for i, ts in tasks.items()}
             picks = choice.endgame(
                 missing=agent.missing, in_flight=in_flight, free_slots=free, max_duplicates=ENDGAME_REQUESTS
             )
         for index in picks:
-            task = asyncio.create_task(fetch_chunk(agent, index, rng=rng))
-            task.add_done_callback(lambda _: agent.changed.set())
-            tasks.setdefault(index, set()).add(task)
+            _launch(agent, tasks, index, fetch_chunk(agent, index, rng=rng))
+
+
+def _launch(agent: Agent, tasks: dict[int, set[asyncio.Task[bool]]], index: int, job: Any) -> None:
+    task = asyncio.create_task(job)
+    task.add_done_callback(lambda _: agent.changed.set())
+    tasks.setdefault(index, set()).add(task)
+
+
+def _stream_picks(
+    agent: Agent, tasks: dict[int, set[asyncio.Task[bool]]], retry_at: dict[int, float], *, free: int, now: float
+) -> list[int]:
+    """Chunks being pulled from the origin that nobody holds yet, to stream from the puller."""
+    streaming = sum(1 for i in tasks if i in agent.pulling and not _available(agent, i))
+    room = min(free, MAX_STREAMS - streaming)
+    if room <= 0:
+        return []
+    ready = [
+        i
+        for i in sorted(agent.pulling)
+        if i in agent.missing and i not in tasks and i not in agent.inflight and not _available(agent, i)
+        and retry_at.get(i, 0) <= now
+    ]  # fmt: skip
+    return ready[:room]
+
+
+def _available(agent: Agent, index: int) -> bool:
+    return index < len(agent.availability) and agent.availability[index] > 0
 
 
 def _reap(agent: Agent, tasks: dict[int, set[asyncio.Task[bool]]], retry_at: dict[int, float]) -> None:
@@ -92,6 +133,12 @@ async def fetch_chunk(agent: Agent, index: int, *, rng: random.Random) -> bool:
         peers = await agent.tracker.peers(index)
     except tracker_client.TrackerClientError:
         return False
+    return await _from_holders(agent, index, peers)
+
+
+async def _from_holders(agent: Agent, index: int, peers: list[dict[str, Any]]) -> bool:
+    if index not in agent.hashes:  # nothing to check against (never blame a peer for that)
+        return False
     now = time.monotonic()
     holders = [choice.Holder(name=p["name"], url=p["url"], load=int(p.get("load", 0))) for p in peers]
     for holder in holders:
@@ -109,6 +156,46 @@ async def fetch_chunk(agent: Agent, index: int, *, rng: random.Random) -> bool:
     return index in agent.held
 
 
+async def stream_chunk(agent: Agent, index: int) -> bool:
+    """Stream ``index`` from the node pulling it (or fetch it from holders if there are some now)."""
+    try:
+        peers, source = await agent.tracker.sources(index)
+    except tracker_client.TrackerClientError:
+        return False
+    if peers:  # the pull has finished meanwhile; the hash is known to the tracker, soon to us
+        return await _await_hash(agent, index) is not None and await _from_holders(agent, index, peers)
+    if source is None or agent.avoid.get(str(source.get("name")), 0.0) > time.monotonic():
+        return False
+    holder = choice.Holder(name=str(source["name"]), url=str(source["url"]), load=0)
+    started = time.monotonic()
+    data = await _get(agent, holder, index, stream=True)
+    if data is None:
+        return False
+    hashing = asyncio.create_task(asyncio.to_thread(manifest.chunk_sha256, memoryview(data)))
+    expected = await _await_hash(agent, index)
+    digest = await hashing
+    if expected is None or index in agent.held:
+        return index in agent.held
+    if digest != expected:
+        log.warning("Chunk %d streamed from %s does not match the tracker's hash; dropped", index, holder.name)
+        return False
+    log.info("Chunk %d streamed from %s in %.2f s (verified)", index, holder.name, time.monotonic() - started)
+    await agent.accept(index, data, digest=expected, from_origin=False)
+    return True
+
+
+async def _await_hash(agent: Agent, index: int) -> str | None:
+    """The tracker's hash of ``index``: it arrives with a heartbeat reply once the puller has it."""
+    deadline = time.monotonic() + HASH_WAIT_S
+    while index not in agent.hashes:
+        if time.monotonic() > deadline:
+            log.warning("No hash for streamed chunk %d within %.0f s; dropping it", index, HASH_WAIT_S)
+            return None
+        agent.news.set()  # heartbeat now; the reply carries hashes learned since our cursor
+        await asyncio.sleep(0.05)
+    return agent.hashes[index]
+
+
 async def _verify(agent: Agent, index: int, data: bytearray) -> bool:
     expected = agent.hashes.get(index)
     if agent.layout is None or expected is None or len(data) != agent.layout.chunk_length(index):
@@ -123,17 +210,32 @@ async def _penalise(agent: Agent, holder: choice.Holder, index: int) -> None:
         await agent.tracker.report(peer=holder.name, chunk=index)
 
 
-async def _get(agent: Agent, holder: choice.Holder, index: int) -> bytearray | None:
-    """The body of ``GET /v1/chunks/{index}`` from ``holder``, or None (busy, gone, short)."""
+async def _get(agent: Agent, holder: choice.Holder, index: int, *, stream: bool = False) -> bytearray | None:
+    """The body of ``GET /v1/chunks/{index}`` from ``holder``, or None (busy, gone, short).
+
+    ``stream``: ask for the bytes as they arrive from the origin (no total time limit, since the
+    origin sets the pace; 30 s without a byte ends it). A stream cut short is not held against the
+    peer (its origin pull may have failed).
+    """
     assert agent.layout is not None
     length = agent.layout.chunk_length(index)
-    timeout = aiohttp.ClientTimeout(total=30 + length / (4 << 20), sock_connect=3)
+    if stream:
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=3, sock_read=30)
+    else:
+        timeout = aiohttp.ClientTimeout(total=30 + length / (4 << 20), sock_connect=3)
     headers = {"Authorization": f"Bearer {agent.config.token}"}
+    params = {"stream": "1"} if stream else None
+    url = f"{holder.url}/v1/chunks/{index}"
     try:
-        async with agent.http.get(f"{holder.url}/v1/chunks/{index}", headers=headers, timeout=timeout) as resp:
+        async with agent.http.get(url, headers=headers, params=params, timeout=timeout) as resp:
             if resp.status != 200:
                 return None
             return await _read_body(agent, resp, length)
+    except aiohttp.ClientPayloadError as exc:
+        log.info("Peer %s broke off chunk %d: %s", holder.name, index, exc)
+        if not stream:
+            agent.avoid[holder.name] = max(agent.avoid.get(holder.name, 0.0), time.monotonic() + UNREACHABLE_AVOID_S)
+        return None
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         log.info("Peer %s unreachable for chunk %d: %s", holder.name, index, type(exc).__name__)
         agent.avoid[holder.name] = max(agent.avoid.get(holder.name, 0.0), time.monotonic() + UNREACHABLE_AVOID_S)

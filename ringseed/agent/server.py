@@ -7,6 +7,11 @@ Rules:
   with ``sendfile`` (no copy through Python), one slice after another. A chunk whose disk write
   has not finished is pinned in the memory tier; should it be missing there, it is answered
   429 (never sendfile over a file region that may still have holes).
+- ``GET /v1/chunks/{index}?stream=1`` on the origin-duty agent, for a chunk it is still pulling:
+  the bytes are sent as they arrive from the origin (``ringseed.agent.stream``), unverified; the
+  receiver verifies the whole chunk against the tracker's hash before using it. At most
+  ``max_streams`` at once, and a new one only while the running ones keep up with the fill
+  (else 429). A pull that fails cuts its streams short. Without ``stream=1`` such a chunk is 404.
 - Uploads are bounded (``max_uploads``: a number, or a callable asked per request, so the agent
   can serve fewer peers while it is on origin duty); a busy server answers 429 with ``Retry-After`` and the
   client asks another holder.
@@ -18,14 +23,16 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Protocol
 
 from aiohttp import web as aioweb
 
 from ringseed import web
-from ringseed.agent import cache, store
+from ringseed.agent import cache, store, stream
 
+log = logging.getLogger(__name__)
 SEND_PIECE = 1 << 20  # bytes per write of a memory-tier chunk
 
 
@@ -35,7 +42,9 @@ class ChunkSource(Protocol):
     held: dict[int, str]
     memory: cache.MemoryTier
     store: store.Store
+    inflight: dict[int, stream.Inflight]
     active_uploads: int
+    active_streams: int
     uploaded_bytes: int
 
 
@@ -45,27 +54,31 @@ def create_app(
     source: ChunkSource,
     max_uploads: int | Callable[[], int],
     metrics: web.Metrics,
+    max_streams: int = 0,
     refresh_metrics: Callable[[], None],
     corrupt_uploads: bool = False,
 ) -> aioweb.Application:
     app = web.make_app(token=token, max_body_bytes=64 << 10)
     app.router.add_get("/metrics", metrics.handler(refresh_metrics))
-    server = _ChunkServer(source, max_uploads=max_uploads, corrupt=corrupt_uploads)
+    server = _ChunkServer(source, max_uploads=max_uploads, max_streams=max_streams, corrupt=corrupt_uploads)
     app.router.add_get("/v1/chunks/{index}", server.get_chunk)
     return app
 
 
-def _busy() -> aioweb.Response:
+def _busy(reason: str = "upload slots are full; ask another holder") -> aioweb.Response:
     return aioweb.json_response(
-        {"error": "busy", "reason": "upload slots are full; ask another holder"},
+        {"error": "busy", "reason": reason},
         status=429,
         headers={"Retry-After": "1"},
     )
 
 
 class _ChunkServer:
-    def __init__(self, source: ChunkSource, *, max_uploads: int | Callable[[], int], corrupt: bool) -> None:
+    def __init__(
+        self, source: ChunkSource, *, max_uploads: int | Callable[[], int], max_streams: int, corrupt: bool
+    ) -> None:
         self.source = source
+        self.max_streams = max_streams
         self.max_uploads = max_uploads if callable(max_uploads) else (lambda: max_uploads)
         self.corrupt = corrupt
 
@@ -75,7 +88,10 @@ class _ChunkServer:
         except ValueError as exc:
             raise web.problem(400, "bad_index", "chunk index must be an integer") from exc
         if index not in self.source.held:
-            raise web.problem(404, "not_held", f"chunk {index} is not held (verified) here")
+            inflight = self.source.inflight.get(index) if request.query.get("stream") == "1" else None
+            if inflight is None:
+                raise web.problem(404, "not_held", f"chunk {index} is not held (verified) here")
+            return await self._stream(request, inflight)
         if self.source.active_uploads >= self.max_uploads():
             return _busy()
         self.source.active_uploads += 1
@@ -83,6 +99,43 @@ class _ChunkServer:
             return await self._send(request, index)
         finally:
             self.source.active_uploads -= 1
+
+    async def _stream(self, request: aioweb.Request, inflight: stream.Inflight) -> aioweb.StreamResponse:
+        if self.source.active_streams >= self.max_streams or not inflight.keeping_up():
+            return _busy("stream slots are full or the uplink is saturated; fetch the chunk once it is held")
+        self.source.active_streams += 1
+        stream_id = inflight.open_stream()
+        try:
+            response = aioweb.StreamResponse(headers={"X-Chunk-Stream": "1"})
+            response.content_type = "application/octet-stream"
+            response.content_length = inflight.length
+            await response.prepare(request)
+            view, sent = memoryview(inflight.buffer), 0
+            while sent < inflight.length:
+                if inflight.filled <= sent:
+                    await inflight.wait_beyond(sent)
+                    if inflight.failed and inflight.filled <= sent:
+                        # Headers are out: the only way to say "failed" is to cut the body short.
+                        log.info("Origin pull of chunk %d failed; cutting its stream short", inflight.index)
+                        if request.transport is not None:
+                            request.transport.close()
+                        return response
+                    continue
+                end = min(inflight.filled, sent + SEND_PIECE)
+                piece = view[sent:end]
+                if self.corrupt and sent <= inflight.length // 2 < end:
+                    raw = bytearray(piece)
+                    raw[inflight.length // 2 - sent] ^= 0xFF
+                    piece = memoryview(raw)
+                await response.write(piece)
+                sent = end
+                inflight.sent[stream_id] = sent
+                self.source.uploaded_bytes += len(piece)
+            await response.write_eof()
+            return response
+        finally:
+            inflight.close_stream(stream_id)
+            self.source.active_streams -= 1
 
     async def _send(self, request: aioweb.Request, index: int) -> aioweb.StreamResponse:
         data = self.source.memory.get(index)

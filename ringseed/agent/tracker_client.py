@@ -105,8 +105,13 @@ class TrackerClient:
         return [int(i) for i in result.get("chunks", [])]
 
     async def peers(self, chunk: int) -> list[dict[str, Any]]:
+        return (await self.sources(chunk))[0]
+
+    async def sources(self, chunk: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """Holders of ``chunk`` (least loaded first) and, when there are none, who streams it."""
         result = await self._call("GET", "/v1/peers", chunk=chunk, node=self.node)
-        return list(result.get("peers", []))
+        streaming = result.get("streaming")
+        return list(result.get("peers", [])), streaming if isinstance(streaming, dict) else None
 
     async def report(self, *, peer: str, chunk: int) -> None:
         await self._call("POST", "/v1/report", {"node": self.node, "peer": peer, "chunk": chunk})

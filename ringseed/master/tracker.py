@@ -13,13 +13,15 @@ Endpoints (bodies are JSON objects; chunk indices are ints, hashes lowercase hex
 - ``POST /v1/heartbeat`` ``{node, load?, counters?: {origin_bytes, fetched_bytes},
   chunks?: [[index, hash|null]], verified_digest?, hash_cursor?, epoch?, avail_version?}``
   -> ``{epoch, origin_duty, hashes: {index: hash}, hash_cursor, availability: [int]|null,
-  avail_version, rejected, layout_known}``. ``chunks`` are batched announcements of verified
+  avail_version, rejected, layout_known, pulling: [index]}`` (``pulling``: chunks being pulled from
+  the origin now). ``chunks`` are batched announcements of verified
   chunks; a hash rides along only from the origin-duty node. ``hashes`` holds the hashes learned
   since ``hash_cursor``; ``availability`` is null when ``avail_version`` is current.
 - ``GET /v1/manifest`` -> ``{layout|null, chunk_hashes: [hash|null], digest|null}``
 - ``PUT /v1/manifest`` ``{node, layout, chunk_hashes?}`` (first wins, later must match: 409)
 - ``POST /v1/origin/claim`` ``{node, count}`` -> ``{chunks: [index]}`` (403 without origin duty)
-- ``GET /v1/peers?chunk=I&node=N`` -> ``{peers: [{name, url, load}]}``
+- ``GET /v1/peers?chunk=I&node=N`` -> ``{peers: [{name, url, load}], streaming: {name, url}|null}``
+  (``streaming``: when nobody holds the chunk, the node pulling it, which serves ``?stream=1``)
 - ``POST /v1/report`` ``{node, peer, chunk}``: ``peer`` served bytes that failed verification.
 - ``GET /v1/status`` (docs/contracts.md) and ``GET /metrics`` (Prometheus).
 """
@@ -237,6 +239,7 @@ class _Api:
                 "avail_version": reply.avail_version,
                 "rejected": reply.rejected,
                 "layout_known": reply.layout_known,
+                "pulling": reply.pulling,
             }
         )
 
@@ -272,8 +275,15 @@ class _Api:
         except ValueError as exc:
             raise web.problem(400, "bad_query", "query parameter 'chunk' must be an integer") from exc
         node = request.query.get("node", "")
-        found = self.state.peers(chunk=_index(chunk, "chunk"), node=node, now=time.monotonic(), rng=self.rng)
-        return aioweb.json_response({"peers": [{"name": p.name, "url": p.url, "load": p.load} for p in found]})
+        now, index = time.monotonic(), _index(chunk, "chunk")
+        found = self.state.peers(chunk=index, node=node, now=now, rng=self.rng)
+        source = None if found else self.state.stream_source(chunk=index, node=node, now=now)
+        return aioweb.json_response(
+            {
+                "peers": [{"name": p.name, "url": p.url, "load": p.load} for p in found],
+                "streaming": {"name": source.name, "url": source.url} if source is not None else None,
+            }
+        )
 
     async def report(self, request: aioweb.Request) -> aioweb.Response:
         body = await web.read_json(request)

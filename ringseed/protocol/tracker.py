@@ -28,7 +28,10 @@ Rules:
   when the layout is first published by PUT (no agent brought one), nothing is held anywhere
   and the grace ends at once.
 - Peers for a chunk: online holders other than the asker, fewest active uploads first (the
-  load reported in heartbeats plus the hand-outs since), penalised peers excluded.
+  load reported in heartbeats plus the hand-outs since), penalised peers excluded. A chunk
+  nobody holds yet may have a stream source: the node pulling it from the origin now (its
+  assignment), which can send the bytes as they arrive. Heartbeat replies list the chunks
+  being pulled (``pulling``) so that idle nodes know what they could stream.
 - Completion is derived from availability: a node is complete when it holds every chunk, and
   verified when it reported a materialised model whose manifest digest matches.
 """
@@ -92,6 +95,7 @@ class HeartbeatReply:
     avail_version: int
     rejected: list[int]
     layout_known: bool
+    pulling: list[int] = field(default_factory=list)
 
 
 class Tracker:
@@ -254,6 +258,7 @@ class Tracker:
             avail_version=self.avail_version,
             rejected=rejected,
             layout_known=self.layout is not None,
+            pulling=sorted(self.assigned),
         )
 
     def _counters(self, state: NodeState, counters: Mapping[str, int], now: float) -> None:
@@ -336,6 +341,16 @@ class Tracker:
         if chosen:
             self.nodes[chosen[0].name].handed += 1
         return chosen
+
+    def stream_source(self, *, chunk: int, node: str, now: float) -> choice.Holder | None:
+        """The online, unpenalised node pulling ``chunk`` from the origin now (not ``node``), if any."""
+        if not 0 <= chunk < len(self.holders):
+            raise TrackerError(f"chunk {chunk} is out of range")
+        puller = self.assigned.get(chunk)
+        state = self.nodes.get(puller) if puller is not None and puller != node else None
+        if state is None or not self._online(state, now):
+            return None
+        return choice.Holder(name=state.name, url=state.url, load=state.load + state.handed)
 
     def report(self, *, reporter: str, peer: str, chunk: int, now: float) -> None:
         """``reporter`` got bytes from ``peer`` for ``chunk`` that failed verification."""

@@ -1,8 +1,8 @@
 """Origin adapters: where a model's bytes come from before they enter the peer-to-peer pipe.
 
 Public face (see docs/contracts.md): :class:`Origin`, :class:`OriginError`, :func:`open_origin`,
-:func:`read_chunk`, :func:`fetch_manifest`, plus :func:`build_manifest` (stream a source once and
-hash it). Schemes: ``file://`` or a bare path (``local``), ``http(s)://`` (``http``), ``s3://``
+:func:`read_chunk` / :func:`read_chunk_into`, :func:`fetch_manifest`, plus :func:`build_manifest`
+(stream a source once and hash it). Schemes: ``file://`` or a bare path (``local``), ``http(s)://`` (``http``), ``s3://``
 (``s3``); the shared retry/resume HTTP client is ``httpclient``, errors and the rate limit ``base``.
 
 Rules:
@@ -10,7 +10,8 @@ Rules:
 - Reads retry transient failures with backoff and resume; what reaches the caller is either
   exactly the bytes asked for or an :class:`OriginError` naming the URI and the problem.
 - ``read_chunk`` assembles chunk ``index`` of a layout from its file pieces (a few at a time),
-  straight into one buffer when the origin offers ``read_into`` (all built-in origins do).
+  straight into one buffer when the origin offers ``read_into`` (all built-in origins do);
+  ``read_chunk_into`` reports the filled prefix as it grows (the origin-duty agent streams it).
 - ``fetch_manifest`` loads a published manifest (``source.manifestUri``) from any scheme and
   checks its digest; malformed content raises ``manifest.ManifestError``.
 - ``build_manifest`` reads the source once, in chunk order, holding at most two chunks.
@@ -63,22 +64,58 @@ def open_origin(
 async def read_chunk(origin: Origin, layout: manifest.Layout, index: int) -> bytes:
     """Chunk ``index`` of ``layout``, assembled from its file pieces."""
     out = bytearray(layout.chunk_length(index))
+    await read_chunk_into(origin, layout, index, out)
+    return bytes(out)
+
+
+async def read_chunk_into(
+    origin: Origin,
+    layout: manifest.Layout,
+    index: int,
+    out: bytearray,
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """Fill ``out`` (``chunk_length(index)`` bytes) with chunk ``index``.
+
+    ``progress(prefix)`` is called whenever the filled prefix grows: ``out[:prefix]`` holds the
+    chunk's bytes and never changes again (pieces run a few at a time, so later pieces may land
+    first; only the contiguous prefix counts). Origins without ``read_into`` report per piece.
+    """
+    pieces = layout.pieces(index)
+    if len(out) != layout.chunk_length(index):
+        raise ValueError(f"buffer is {len(out)} bytes, chunk {index} is {layout.chunk_length(index)}")
     gate = asyncio.Semaphore(PIECE_CONCURRENCY)
-
     view = memoryview(out)
+    done = [0] * len(pieces)
+    prefix = [0, 0]  # [first piece not yet complete, bytes reported]
 
-    async def fetch(piece: manifest.ChunkPiece) -> None:
+    def advance(number: int, filled: int) -> None:
+        done[number] = filled
+        first = prefix[0]
+        while first < len(pieces) and done[first] >= pieces[first].length:
+            first += 1
+        prefix[0] = first
+        reach = pieces[first].chunk_offset + done[first] if first < len(pieces) else len(out)
+        if reach > prefix[1]:
+            prefix[1] = reach
+            if progress is not None:
+                progress(reach)
+
+    async def fetch(number: int, piece: manifest.ChunkPiece) -> None:
         target = view[piece.chunk_offset : piece.chunk_offset + piece.length]
         async with gate:
             if isinstance(origin, base.ReadsInto):
-                await origin.read_into(piece.path, piece.file_offset, target)
+                await origin.read_into(piece.path, piece.file_offset, target, progress=lambda n: advance(number, n))
+                advance(number, piece.length)
                 return
             data = await origin.read(piece.path, piece.file_offset, piece.length)
         if len(data) != piece.length:
             raise OriginError(f"{origin.uri}: {piece.path!r} gave {len(data)} bytes, expected {piece.length}")
         target[:] = data
+        advance(number, piece.length)
 
-    tasks = [asyncio.ensure_future(fetch(p)) for p in layout.pieces(index)]
+    tasks = [asyncio.ensure_future(fetch(n, p)) for n, p in enumerate(pieces)]
     try:
         await asyncio.gather(*tasks)
     except BaseException:
@@ -86,7 +123,6 @@ async def read_chunk(origin: Origin, layout: manifest.Layout, index: int) -> byt
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-    return bytes(out)
 
 
 async def build_manifest(

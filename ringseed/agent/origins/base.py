@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -54,8 +55,13 @@ class Origin(Protocol):
 class ReadsInto(Protocol):
     """An origin that can read straight into a caller's buffer (saves a copy per piece)."""
 
-    async def read_into(self, path: str, offset: int, view: memoryview) -> None:
-        """Fill ``view`` with ``len(view)`` bytes of ``path`` from ``offset``, or OriginError."""
+    async def read_into(
+        self, path: str, offset: int, view: memoryview, progress: Callable[[int], None] | None = None
+    ) -> None:
+        """Fill ``view`` with ``len(view)`` bytes of ``path`` from ``offset``, or OriginError.
+
+        ``progress(done)``, if given, is called as bytes land: ``view[:done]`` is filled.
+        """
         ...
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
@@ -97,6 +97,8 @@ class HTTPOrigin(httpclient.HTTPClient):
             return b""
         return await self.get_range(self.url_of(path), offset=offset, length=length)
 
-    async def read_into(self, path: str, offset: int, view: memoryview) -> None:
+    async def read_into(
+        self, path: str, offset: int, view: memoryview, progress: Callable[[int], None] | None = None
+    ) -> None:
         if len(view):
-            await self.get_range_into(self.url_of(path), offset=offset, view=view)
+            await self.get_range_into(self.url_of(path), offset=offset, view=view, progress=progress)

@@ -167,15 +167,22 @@ class HTTPClient:
         await self.get_range_into(url, offset=offset, view=memoryview(buf))
         return bytes(buf)
 
-    async def get_range_into(self, url: str, *, offset: int, view: memoryview) -> None:
-        """Fill ``view`` with the bytes from ``offset``, resuming after partial failures."""
+    async def get_range_into(
+        self, url: str, *, offset: int, view: memoryview, progress: Callable[[int], None] | None = None
+    ) -> None:
+        """Fill ``view`` with the bytes from ``offset``, resuming after partial failures.
+
+        ``progress(done)`` is called as bytes land: ``view[:done]`` is filled (never goes back).
+        """
         length = len(view)
         done = 0
         failures = 0
         while done < length:
             before = done
             try:
-                done = await self._range_attempt(url, start=offset, end=offset + length, view=view, done=done)
+                done = await self._range_attempt(
+                    url, start=offset, end=offset + length, view=view, done=done, progress=progress
+                )
                 if done < length:
                     short = base.TransientError(f"{url}: body ended after {done - before} of {length - before} bytes")
                     raise _RangeBroken(short, done=done)
@@ -184,7 +191,9 @@ class HTTPClient:
                 failures = 1 if done > before else failures + 1
                 await self._wait(failures, broken.cause, url)
 
-    async def _range_attempt(self, url: str, *, start: int, end: int, view: memoryview, done: int) -> int:
+    async def _range_attempt(
+        self, url: str, *, start: int, end: int, view: memoryview, done: int, progress: Callable[[int], None] | None
+    ) -> int:
         """One GET of ``[start + done, end)`` into ``view[done:]``; returns the new ``done``."""
         first = start + done
         try:
@@ -200,6 +209,8 @@ class HTTPClient:
                     take = min(len(data), len(view) - done)
                     view[done : done + take] = data[:take]
                     done += take
+                    if progress is not None:
+                        progress(done)
                     self.bytes_read += len(data)
                     await self._limiter.acquire(len(data))
                     if done >= len(view):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -97,7 +98,9 @@ class FileOrigin:
         await self.read_into(path, offset, memoryview(buf))
         return bytes(buf)
 
-    async def read_into(self, path: str, offset: int, view: memoryview) -> None:
+    async def read_into(
+        self, path: str, offset: int, view: memoryview, progress: Callable[[int], None] | None = None
+    ) -> None:
         try:
             target = self._resolve(path)
         except manifest.ManifestError as exc:
@@ -114,6 +117,8 @@ class FileOrigin:
                     )
                 self.bytes_read += got
                 done += got
+                if progress is not None:
+                    progress(done)
                 await self._limiter.acquire(got)
         finally:
             os.close(fd)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote, unquote_plus, urlencode, urlsplit
 
@@ -207,7 +207,9 @@ class S3Origin(httpclient.HTTPClient):
             return b""
         return await self.get_range(self._object_url(key), offset=offset, length=length)
 
-    async def read_into(self, path: str, offset: int, view: memoryview) -> None:
+    async def read_into(
+        self, path: str, offset: int, view: memoryview, progress: Callable[[int], None] | None = None
+    ) -> None:
         key = await self._key_of(path)
         if len(view):
-            await self.get_range_into(self._object_url(key), offset=offset, view=view)
+            await self.get_range_into(self._object_url(key), offset=offset, view=view, progress=progress)

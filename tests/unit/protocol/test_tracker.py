@@ -155,3 +155,21 @@ def test_claims_wait_for_reregistration_after_a_restart_but_not_on_a_fresh_start
     fresh.register(node="n0", url="u", session="s", now=100.0)
     fresh.publish(node="n0", layout=layout(), hashes=None, now=100.1)
     assert fresh.claim_origin(node="n0", count=2, now=100.2) == [0, 1]
+
+
+def test_chunks_being_pulled_are_listed_and_streamable_from_their_puller_only() -> None:
+    t = swarm(offline_after=10.0)
+    assert t.claim_origin(node="n0", count=2, now=1.0) == [0, 1]
+    assert t.heartbeat(node="n1", now=1.1).pulling == [0, 1]
+    source = t.stream_source(chunk=0, node="n1", now=1.2)
+    assert source is not None and (source.name, source.url) == ("n0", "http://n0")
+    assert t.stream_source(chunk=0, node="n0", now=1.2) is None  # never the puller itself
+    assert t.stream_source(chunk=2, node="n1", now=1.2) is None  # not being pulled
+    t.heartbeat(node="n0", now=2.0, chunks=[(0, H)])  # pulled and held: an ordinary holder now
+    assert t.heartbeat(node="n1", now=2.1).pulling == [1]
+    assert t.stream_source(chunk=0, node="n1", now=2.2) is None
+    t.report(reporter="n1", peer="n0", chunk=0, now=2.3)
+    assert t.stream_source(chunk=1, node="n2", now=2.4) is None  # penalised: no source at all
+    assert t.stream_source(chunk=1, node="n1", now=20.0) is None  # the puller went silent
+    with pytest.raises(tracker.TrackerError):
+        t.stream_source(chunk=99, node="n1", now=2.5)

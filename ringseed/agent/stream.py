@@ -1,0 +1,78 @@
+"""A chunk still arriving from the origin, readable while it fills (cut-through to peers).
+
+The agent on origin duty pulls a chunk into one buffer; peers that ask for it with
+``?stream=1`` get its bytes as they land instead of waiting for the whole chunk (and its
+hash) first. On a slow origin link this takes the last chunk's spread inside the cluster off
+the critical path: when the pull ends, the streaming peers end with it.
+
+Rules:
+- ``buffer[:filled]`` is final: it holds origin bytes and never changes. ``filled`` only grows.
+- The stream is not verified: the hash is known (or, without a manifest, defined) only when
+  the pull ends. A receiver keeps a streamed chunk to itself until its SHA-256 matches the
+  tracker's hash, exactly as for a chunk from a verified holder; only then is it stored,
+  announced or served. Only the origin-duty agent streams (one hop): a node never relays bytes
+  it has not verified.
+- A pull that fails ends every stream of it early (short body: the receiver drops it).
+- Streams use the uplink while the pull still arrives, so a new stream is admitted only while
+  every running stream keeps up with the fill (:meth:`Inflight.keeping_up`): where the node link
+  is not much faster than the origin link, one stream takes the uplink and others are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+STREAM_LAG = 8 << 20  # a stream further behind the fill than this means the uplink is saturated
+
+
+class Inflight:
+    """One chunk being pulled from the origin into ``buffer``."""
+
+    def __init__(self, index: int, length: int) -> None:
+        self.index = index
+        self.buffer = bytearray(length)
+        self.filled = 0
+        self.failed = False
+        self.sent: dict[int, int] = {}  # stream id -> bytes handed to its socket
+        self._waiters: list[asyncio.Future[None]] = []
+        self._next_id = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.buffer)
+
+    def advance(self, filled: int) -> None:
+        """The pull filled ``buffer[:filled]``; wake the streams."""
+        if filled > self.filled:
+            self.filled = min(filled, self.length)
+            self._wake()
+
+    def fail(self) -> None:
+        """The pull ended without the whole chunk; streams end early."""
+        self.failed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
+
+    async def wait_beyond(self, offset: int) -> None:
+        """Return once ``filled > offset`` or the pull failed."""
+        while self.filled <= offset and not self.failed:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(future)
+            await future
+
+    def keeping_up(self) -> bool:
+        """True while no running stream lags the fill by more than ``STREAM_LAG``."""
+        return all(self.filled - sent <= STREAM_LAG for sent in self.sent.values())
+
+    def open_stream(self) -> int:
+        self._next_id += 1
+        self.sent[self._next_id] = 0
+        return self._next_id
+
+    def close_stream(self, stream: int) -> None:
+        self.sent.pop(stream, None)

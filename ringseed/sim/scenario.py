@@ -35,6 +35,7 @@ class Agents:
     process_delay: float = 0.0
     start_delay: float = 0.0
     offline_after: float = 10.0
+    stream_slots: int = 8
 
 
 @dataclass(frozen=True)

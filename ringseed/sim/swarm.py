@@ -10,7 +10,14 @@ Owns the agents' behaviour on top of :mod:`ringseed.sim.flow`. Rules:
   ``holder_sample`` holders the offer is made from that many holders drawn at random (a
   tracker answering 10,000 names per request would not be cheaper either).
 - Origin duty follows the tracker: the earliest registered live node pulls, in index order,
-  the chunks nobody holds, ``origin_slots`` at a time, each once while a copy lives inside.
+  the chunks nobody holds, ``origin_slots`` at a time, each once while a copy lives inside. The
+  next pull starts when a pull's last byte arrives (the agent hands the pipe on before hashing).
+- Cut-through (the agent's ``?stream=1``): while a chunk arrives from the origin, up to
+  ``stream_slots`` other nodes stream it from the puller, as many as keep up with the origin
+  rate on the puller's uplink (``node_up // origin_rate - 1``). In the fluid model they land
+  the chunk when its pull ends (plus ``process_delay``); they are drawn among live nodes with a
+  free download slot that lack the chunk. Not modelled: the streams' share of the puller's
+  uplink and the download slot each stream holds during the pull.
 - A node re-plans when one of its downloads ends. A chunk whose offered holders are all busy
   (the agent's 429) is left alone for ``retry_after`` x U(0.5, 1.5) seconds and the next
   rarest is tried at once, as the agent's download loop does; one planning round tries at
@@ -68,6 +75,7 @@ class Swarm:
         self._seq = itertools.count()
         self._woken: set[int] = set()
         self.pending = config.nodes  # live nodes still missing chunks
+        self.streamed = 0  # chunk copies that arrived by cut-through
 
     # -- main loop -----------------------------------------------------------------------
 
@@ -134,6 +142,8 @@ class Swarm:
     def _completed(self, transfer: flow.Transfer) -> None:
         """The last byte arrived: the sender's slot is free; the chunk lands after ``process_delay``."""
         node, chunk = transfer.receiver, transfer.chunk
+        if transfer.sender == self.origin:
+            self._streamed(puller=node, chunk=chunk)
         duplicates = self.inflight[node].get(chunk, [])
         self.inflight[node][chunk] = []  # verifying: not asked for again, not yet held
         for other in duplicates:
@@ -145,6 +155,33 @@ class Swarm:
             self._at(self.net.now + self.agents.process_delay, "landed", node, chunk)
         else:
             self._landed(node, chunk)
+
+    def _streamed(self, *, puller: int, chunk: int) -> None:
+        """The pull of ``chunk`` ends: its stream receivers end with it; the next pull starts now."""
+        agents = self.agents
+        fit = int(self.config.node_up // self.config.origin_rate) - 1 if self.config.origin_rate > 0 else 0
+        count = min(agents.stream_slots, fit)
+        chosen: list[int] = []
+        for node in self.rng.sample(range(self.nodes), min(self.nodes, 4 * count)) if count > 0 else []:
+            if len(chosen) >= count:
+                break
+            busy = len(self.net.downloads[node]) + self.verifying[node]
+            if (
+                node != puller
+                and self.alive[node]
+                and self.done_at[node] is None
+                and busy < agents.download_slots
+                and not self.held.has(node, chunk)
+                and chunk not in self.inflight[node]
+            ):
+                chosen.append(node)
+        for node in chosen:
+            self.inflight[node][chunk] = []  # verifying: not asked for again, not yet held
+            self.verifying[node] += 1
+            self._at(self.net.now + agents.process_delay, "landed", node, chunk)
+        self.streamed += len(chosen)
+        if puller in self.duty:
+            self._origin_duty()
 
     def _landed(self, node: int, chunk: int) -> None:
         """The chunk is verified and stored: held, announced, served; the agent plans again."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -37,7 +38,20 @@ def test_every_node_gets_every_chunk_and_the_origin_sends_the_model_once() -> No
     assert result.completed == 12
     assert all(sw.held.complete(node) for node in range(12))
     assert result.origin_bytes == 64 * MB
-    assert result.seconds >= result.bound * (1 - 1e-9)
+    assert result.seconds >= 64 * MB / (10 * MB) * (1 - 1e-9)  # never faster than the origin pipe
+
+
+def test_cut_through_beats_store_and_forward_which_never_beats_its_bound() -> None:
+    config = small(nodes=16)
+    stored = swarm.Swarm(dataclasses.replace(config, agents=scenario.Agents(stream_slots=0)))
+    plain = stored.run()
+    assert stored.streamed == 0
+    assert plain.seconds >= plain.bound * (1 - 1e-9)  # the hop term holds without cut-through
+    streaming = swarm.Swarm(config)
+    fast = streaming.run()
+    assert streaming.streamed > 0
+    assert fast.seconds < plain.seconds
+    assert fast.origin_bytes == plain.origin_bytes == 64 * MB
 
 
 def test_with_node_links_ten_times_the_origin_it_stays_near_the_bound() -> None:

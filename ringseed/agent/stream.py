@@ -14,15 +14,17 @@ Rules:
   it has not verified.
 - A pull that fails ends every stream of it early (short body: the receiver drops it).
 - Streams use the uplink while the pull still arrives, so a new stream is admitted only while
-  every running stream keeps up with the fill (:meth:`Inflight.keeping_up`): where the node link
-  is not much faster than the origin link, one stream takes the uplink and others are refused.
+  every running stream keeps up with the fill (:meth:`Inflight.keeping_up`, within
+  ``STREAM_LAG``): a stream still catching up on the prefix, or one slowed by a full uplink,
+  holds back the next. Where the node link is not much faster than the origin link, one or two
+  streams take the uplink and the rest are refused (they fetch the chunk once it is held).
 """
 
 from __future__ import annotations
 
 import asyncio
 
-STREAM_LAG = 8 << 20  # a stream further behind the fill than this means the uplink is saturated
+STREAM_LAG = 2 << 20  # a stream further behind the fill than this is catching up or uplink-bound
 
 
 class Inflight:

@@ -66,7 +66,7 @@ class Config:
     origin_rate_limit: float | None = None
     host: str = "0.0.0.0"
     download_slots: int = 4
-    upload_slots: int = 2
+    upload_slots: int = 4
     origin_depth: int = 1
     origin_upload_slots: int = 1
     stream_slots: int = 8

@@ -35,7 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ssd-bytes", default=None, help="SSD tier budget (accepted; not enforced yet)")
     parser.add_argument("--origin-rate-limit", default=None, help="bytes/s from the origin (e.g. 32Mi)")
     parser.add_argument("--download-slots", type=int, default=4)
-    parser.add_argument("--upload-slots", type=int, default=2, help="peers served at once (few: copies double)")
+    parser.add_argument("--upload-slots", type=int, default=4, help="peers served at once (as many as download slots)")
     parser.add_argument("--origin-depth", type=int, default=1, help="origin pulls at once on origin duty")
     parser.add_argument(
         "--origin-upload-slots", type=int, default=1, help="peers served at once while pulling from the origin"

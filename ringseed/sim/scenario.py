@@ -25,7 +25,7 @@ class Agents:
     """How an agent behaves (mirrors the real agent's defaults; see ringseed/agent)."""
 
     download_slots: int = 4
-    upload_slots: int = 2
+    upload_slots: int = 4
     origin_slots: int = 1
     peer_limit: int = 4
     holder_sample: int = 16

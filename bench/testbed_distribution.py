@@ -117,7 +117,13 @@ def run_direct(tb: netns.Testbed, *, work: Path, timeout: float) -> dict[str, An
     ]
     time.sleep(1.0)  # let the clients import and reach the gate
     start = common.gate(work / "gate")
-    reports = [json.loads(common.read_line(p, timeout=timeout, what="direct client")) for p in procs]
+    reports = []
+    for host, proc in zip(tb.nodes, procs, strict=True):
+        try:
+            reports.append(json.loads(common.read_line(proc, timeout=timeout, what=f"direct client on {host.name}")))
+        except RuntimeError as exc:
+            tail = (work / f"logs/direct-{host.name}.log").read_text(errors="replace")[-1500:]
+            raise RuntimeError(f"{exc}; its log ends with:\n{tail}") from exc
     return {"seconds": max(r["end"] for r in reports) - start, "ok": len({r["sha256"] for r in reports}) == 1}
 
 

@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt
 def distribution(rows: list[dict[str, Any]], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for method, style in (("ringseed", "o-"), ("libtorrent", "s-"), ("direct", "^-")):
-        points = sorted((r["nodes"], r["seconds"]) for r in rows if r["method"] == method)
+        points = sorted((r["nodes"], r["seconds"]) for r in rows if r["method"] == method and "seconds" in r)
         if points:
             ax.plot(*zip(*points, strict=True), style, label=method)
     bound = sorted({(r["nodes"], r["bound"]) for r in rows})

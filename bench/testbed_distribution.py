@@ -196,7 +196,8 @@ def main() -> int:
     args.origin_bps, args.node_bps = links.parse_rate(args.origin_rate), links.parse_rate(args.node_rate)
     args.chunk, size = units.parse_size(args.chunk_size), units.parse_size(args.size)
     root = Path(tempfile.mkdtemp(prefix="rs-dist-model-", dir=args.workdir))
-    rows = []
+    rows: list[dict[str, Any]] = []
+    failures = 0
     try:
         model = common.write_model(root / "model", size=size)
         torrent = root / "model.torrent"
@@ -208,7 +209,13 @@ def main() -> int:
         for nodes in [int(n) for n in args.nodes.split(",")]:
             bound = t_star(size=size, chunk=args.chunk, nodes=nodes, origin_bps=args.origin_bps, node_bps=args.node_bps)
             for method in args.methods.split(","):
-                result = one_method(method, args, nodes=nodes, model=model, torrent=torrent)
+                try:
+                    result = one_method(method, args, nodes=nodes, model=model, torrent=torrent)
+                except (RuntimeError, TimeoutError) as exc:  # one method failing must not end the run
+                    failures += 1
+                    rows.append({"nodes": nodes, "method": method, "bound": bound, "size": size, "error": str(exc)})
+                    print(f"{nodes:>3} {method:<11} FAILED: {str(exc)[-600:]}", flush=True)
+                    continue
                 row = {"nodes": nodes, "method": method, "bound": bound, "size": size, **result}
                 rows.append(row)
                 print(f"{nodes:>3} {method:<11} {result['seconds']:>8.2f} {bound:>8.2f} "
@@ -223,7 +230,7 @@ def main() -> int:
         shutil.rmtree(root, ignore_errors=True)
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
-    return 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

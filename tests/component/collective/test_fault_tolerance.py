@@ -13,7 +13,7 @@ from typing import Any
 
 def _kill_run(ringseed_cmd: list[str], timeout: float) -> dict[str, object]:
     done = subprocess.run(
-        [*ringseed_cmd, "local", "allreduce", "--peers", "3", "--size", "8Mi", "--kill-peer-at", "0.5",
+        [*ringseed_cmd, "local", "allreduce", "--peers", "3", "--size", "32Mi", "--kill-peer-at", "0.5",
          "--heartbeat-interval", "0.25", "--heartbeat-timeout", str(timeout), "--iters", "1", "--json"],
         capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -7,11 +7,11 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web as aioweb
 
-from ringseed.collective import communicator
+from ringseed.collective import communicator, control, engine
 from ringseed.master import coordinator
 
 TOKEN = "test-token"
@@ -68,3 +68,21 @@ def connected_peers(url: str, n: int, *, prefix: str = "p") -> Iterator[list[com
         for c in comms:
             with contextlib.suppress(Exception):
                 c.close()
+
+
+def join_ghost(url: str) -> tuple[engine.RingEngine, control.Client]:
+    """A peer "ghost" driven by hand: its ring engine listening and joined to the coordinator."""
+    ghost_engine = engine.RingEngine(peer_id="ghost", token=TOKEN, io_timeout=30.0)
+    address = ghost_engine.start()
+    ghost = control.Client(url=url, token=TOKEN)
+    ghost.call("POST", "/v1/join", {"peer_id": "ghost", "host": address.host, "port": address.port})
+    return ghost_engine, ghost
+
+
+def ghost_enters_ring(ghost: control.Client, ghost_engine: engine.RingEngine, *, nbytes: int) -> dict[str, Any]:
+    """The ghost votes to begin an all-reduce of ``nbytes`` and joins the ring; returns the begin reply."""
+    begun: dict[str, Any] = ghost.round(
+        "/v1/collective/begin", peer_id="ghost", payload={"op": "all_reduce", "nbytes": nbytes}
+    )
+    ghost_engine.set_ring([engine.PeerAddress(**a) for a in begun["ring"]], epoch=begun["epoch"], timeout=10)
+    return begun

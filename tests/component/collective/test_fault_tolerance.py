@@ -50,24 +50,18 @@ def test_hung_peer_is_dropped_by_the_heartbeat_timeout_not_a_socket_timeout() ->
 
     import numpy as np
 
-    from ringseed.collective import control, engine, retry
+    from ringseed.collective import engine, retry
     from tests.component.collective import coordinator_helpers as h
 
     interval, timeout = 0.2, 1.5
     with h.running_coordinator(min_peers=3, interval=interval, timeout=timeout) as url:
-        ghost_engine = engine.RingEngine(peer_id="ghost", token=h.TOKEN, io_timeout=30.0)
-        address = ghost_engine.start()
-        ghost = control.Client(url=url, token=h.TOKEN)
-        ghost.call("POST", "/v1/join", {"peer_id": "ghost", "host": address.host, "port": address.port})
+        ghost_engine, ghost = h.join_ghost(url)
         comms = [h.make_peer(url, f"p{i}") for i in range(2)]
         try:
             h.on_each(comms, lambda i, c: c.connect(timeout=30))
 
             def ghost_begins_then_hangs() -> None:  # votes, joins the ring, then never sends a byte
-                begun = ghost.round("/v1/collective/begin", peer_id="ghost", payload={"op": "all_reduce",
-                                                                                      "nbytes": 4096 * 8})
-                ring = [engine.PeerAddress(**a) for a in begun["ring"]]
-                ghost_engine.set_ring(ring, epoch=begun["epoch"], timeout=10)
+                h.ghost_enters_ring(ghost, ghost_engine, nbytes=4096 * 8)
 
             ghost.call("POST", "/v1/heartbeat", {"peer_id": "ghost", "abort_seq": 0})
             hang = threading.Thread(target=ghost_begins_then_hangs, daemon=True)
@@ -110,15 +104,12 @@ def test_peer_dying_before_its_end_vote_aborts_at_once_not_after_the_heartbeat_t
     import numpy as np
     import pytest
 
-    from ringseed.collective import control, engine, retry
+    from ringseed.collective import engine, retry
     from tests.component.collective import coordinator_helpers as h
 
     interval, timeout = 2.0, 6.0
     with h.running_coordinator(min_peers=3, interval=interval, timeout=timeout) as url:
-        ghost_engine = engine.RingEngine(peer_id="ghost", token=h.TOKEN, io_timeout=30.0)
-        address = ghost_engine.start()
-        ghost = control.Client(url=url, token=h.TOKEN)
-        ghost.call("POST", "/v1/join", {"peer_id": "ghost", "host": address.host, "port": address.port})
+        ghost_engine, ghost = h.join_ghost(url)
         comms = [h.make_peer(url, f"p{i}") for i in range(2)]
         heartbeat = socket.socket()
         try:
@@ -126,10 +117,7 @@ def test_peer_dying_before_its_end_vote_aborts_at_once_not_after_the_heartbeat_t
             ghost_done = threading.Event()
 
             def ghost_reduces_but_never_ends() -> None:
-                begun = ghost.round("/v1/collective/begin", peer_id="ghost", payload={"op": "all_reduce",
-                                                                                      "nbytes": 4096 * 8})
-                ghost_engine.set_ring([engine.PeerAddress(**a) for a in begun["ring"]], epoch=begun["epoch"],
-                                      timeout=10)
+                begun = h.ghost_enters_ring(ghost, ghost_engine, nbytes=4096 * 8)
                 ghost_engine.all_reduce(np.full(4096, 100.0), op=engine.ReduceOp.SUM, tag=begun["tag"])
                 ghost_done.set()
 

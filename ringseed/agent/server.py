@@ -73,6 +73,17 @@ def _busy(reason: str = "upload slots are full; ask another holder") -> aioweb.R
     )
 
 
+def _flip_middle(piece: memoryview, *, start: int, total: int) -> memoryview:
+    """Test-only fault: bytes ``[start, start + len(piece))`` of a ``total``-byte chunk, with the
+    chunk's middle byte flipped if it falls in this piece (the same byte for whole and streamed chunks)."""
+    middle = total // 2 - start
+    if not 0 <= middle < len(piece):
+        return piece
+    raw = bytearray(piece)
+    raw[middle] ^= 0xFF
+    return memoryview(raw)
+
+
 class _ChunkServer:
     def __init__(
         self, source: ChunkSource, *, max_uploads: int | Callable[[], int], max_streams: int, corrupt: bool
@@ -123,10 +134,8 @@ class _ChunkServer:
                     continue
                 end = min(inflight.filled, sent + SEND_PIECE)
                 piece = view[sent:end]
-                if self.corrupt and sent <= inflight.length // 2 < end:
-                    raw = bytearray(piece)
-                    raw[inflight.length // 2 - sent] ^= 0xFF
-                    piece = memoryview(raw)
+                if self.corrupt:
+                    piece = _flip_middle(piece, start=sent, total=inflight.length)
                 await response.write(piece)
                 sent = end
                 inflight.sent[stream_id] = sent
@@ -142,9 +151,8 @@ class _ChunkServer:
         if data is None and index in self.source.memory.pinned:  # its disk write is still in flight
             return _busy()
         if self.corrupt:
-            raw = bytearray(data if data is not None else await asyncio.to_thread(self.source.store.read_chunk, index))
-            raw[len(raw) // 2] ^= 0xFF
-            data = raw
+            raw = data if data is not None else await asyncio.to_thread(self.source.store.read_chunk, index)
+            data = bytes(_flip_middle(memoryview(raw), start=0, total=len(raw)))
         headers = {"X-Chunk-Sha256": self.source.held[index]}
         if data is not None:
             return await self._send_memory(request, data, headers)

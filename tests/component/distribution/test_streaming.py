@@ -157,3 +157,14 @@ def test_peers_stream_chunks_while_they_arrive_from_a_slow_origin(
     # Each chunk takes 0.5 s to arrive from the origin: idle peers stream it meanwhile.
     assert len(streamed) >= expected.layout.chunk_count // 2, len(streamed)
     assert "wrong hash" not in logs and "does not match" not in logs
+
+
+def test_fault_injection_flips_the_same_byte_whole_or_streamed_in_pieces() -> None:
+    data = bytes(range(256)) * 40  # 10,240 bytes; the middle is offset 5,120
+    whole = bytes(server._flip_middle(memoryview(data), start=0, total=len(data)))
+    pieces = b"".join(
+        bytes(server._flip_middle(memoryview(data)[i : i + 1000], start=i, total=len(data)))
+        for i in range(0, len(data), 1000)
+    )
+    assert whole == pieces != data
+    assert [i for i in range(len(data)) if whole[i] != data[i]] == [len(data) // 2]

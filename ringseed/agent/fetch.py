@@ -77,7 +77,7 @@ async def download_loop(agent: Agent) -> None:
                 missing=agent.missing, in_flight=in_flight, free_slots=free, max_duplicates=ENDGAME_REQUESTS
             )
         for index in picks:
-            _launch(agent, tasks, index, fetch_chunk(agent, index, rng=rng))
+            _launch(agent, tasks, index, fetch_chunk(agent, index))
 
 
 def _launch(agent: Agent, tasks: dict[int, set[asyncio.Task[bool]]], index: int, job: Any) -> None:
@@ -127,7 +127,7 @@ def _reap(agent: Agent, tasks: dict[int, set[asyncio.Task[bool]]], retry_at: dic
             del tasks[index]
 
 
-async def fetch_chunk(agent: Agent, index: int, *, rng: random.Random) -> bool:
+async def fetch_chunk(agent: Agent, index: int) -> bool:
     """Fetch ``index`` from the least-loaded healthy holder; True once it is held."""
     try:
         peers = await agent.tracker.peers(index)

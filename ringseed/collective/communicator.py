@@ -63,13 +63,29 @@ class Work:
 class Communicator:
     """One peer of a fault-tolerant training group."""
 
-    def __init__(self, *, coordinator_url: str, token: str, peer_id: str, host: str = "127.0.0.1",
-                 port: int = 0, connections_per_peer: int = 1, io_timeout: float = 30.0, hold: float = 10.0,
-                 probe_bytes: int = 4 << 20) -> None:
+    def __init__(
+        self,
+        *,
+        coordinator_url: str,
+        token: str,
+        peer_id: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        connections_per_peer: int = 1,
+        io_timeout: float = 30.0,
+        hold: float = 10.0,
+        probe_bytes: int = 4 << 20,
+    ) -> None:
         self.peer_id = peer_id
         self._client = control.Client(url=coordinator_url, token=token)
-        self._engine = engine.RingEngine(peer_id=peer_id, token=token, host=host, port=port,
-                                         connections_per_peer=connections_per_peer, io_timeout=io_timeout)
+        self._engine = engine.RingEngine(
+            peer_id=peer_id,
+            token=token,
+            host=host,
+            port=port,
+            connections_per_peer=connections_per_peer,
+            io_timeout=io_timeout,
+        )
         self._hold, self._probe_bytes, self._io_timeout = hold, probe_bytes, io_timeout
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"ringseed-comm-{peer_id}")
         self._lock = threading.Lock()
@@ -90,8 +106,13 @@ class Communicator:
         answer = self._client.call("POST", "/v1/join", body)
         self.heartbeat_timeout = float(answer["heartbeat_timeout"])
         self._heartbeat = control.Heartbeat(
-            client=self._client, peer_id=self.peer_id, interval=float(answer["heartbeat_interval"]),
-            abort_seq=int(answer["abort_seq"]), on_aborts=self._on_aborts, on_removed=self._on_removed)
+            client=self._client,
+            peer_id=self.peer_id,
+            interval=float(answer["heartbeat_interval"]),
+            abort_seq=int(answer["abort_seq"]),
+            on_aborts=self._on_aborts,
+            on_removed=self._on_removed,
+        )
         self._heartbeat.start()
         waited = 0.0
         while answer["status"] != "Accepted":
@@ -144,20 +165,26 @@ class Communicator:
 
     def all_reduce(self, array: np.ndarray, *, op: ops.ReduceOp = ReduceOp.SUM, quantize: str | None = None) -> Work:
         """In-place all-reduce of a 1-D C-contiguous array."""
+
         def body(tag: int) -> None:
             self._engine.all_reduce(array, op=op, tag=tag, quantize=quantize)
+
         return self._submit(name="all_reduce", protect=array, body=body)
 
     def broadcast(self, array: np.ndarray, *, root: int) -> Work:
         """``root`` is a rank of the ring the operation runs on (see ``ring`` after it)."""
+
         def body(tag: int) -> None:
             self._engine.broadcast(array, root=root, tag=tag)
+
         return self._submit(name="broadcast", protect=array, body=body)
 
     def all_gather(self, array: np.ndarray, out: np.ndarray) -> Work:
         """``out`` must hold ``world_size * len(array)`` elements of the ring the op runs on."""
+
         def body(tag: int) -> None:
             self._engine.all_gather(array, out, tag=tag)
+
         return self._submit(name="all_gather", protect=out, body=body)
 
     def _submit(self, *, name: str, protect: np.ndarray, body: Callable[[int], None]) -> Work:
@@ -264,6 +291,7 @@ class Communicator:
             if source not in self.ring:
                 raise engine.CollectiveAborted(f"state source {source} left the group")
             self._engine.broadcast(flat, root=self.ring.index(source), tag=tag)
+
         return body
 
 

@@ -73,8 +73,9 @@ class Client:
             conn.close()
             self._local.conn = None
 
-    def call(self, method: str, path: str, body: Mapping[str, Any] | None = None, *, hold: float = 0.0
-             ) -> dict[str, Any]:
+    def call(
+        self, method: str, path: str, body: Mapping[str, Any] | None = None, *, hold: float = 0.0
+    ) -> dict[str, Any]:
         data = None if body is None else json.dumps({**body, "wait": hold}).encode()
         for attempt in (1, 2):
             conn = self._connection(hold + self.timeout)
@@ -90,8 +91,9 @@ class Client:
             return _answer(response.status, raw)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def round(self, path: str, *, peer_id: str, payload: Mapping[str, Any], hold: float = 10.0,
-              timeout: float | None = None) -> dict[str, Any]:
+    def round(
+        self, path: str, *, peer_id: str, payload: Mapping[str, Any], hold: float = 10.0, timeout: float | None = None
+    ) -> dict[str, Any]:
         """Vote in the round behind ``path`` and wait for its result."""
         deadline = None if timeout is None else time.monotonic() + timeout
         answer = self.call("POST", path, {**payload, "peer_id": peer_id}, hold=hold)
@@ -119,8 +121,16 @@ def _answer(status: int, raw: bytes) -> dict[str, Any]:
 class Heartbeat:
     """A daemon thread that keeps the peer alive and pushes aborted tags to ``on_aborts``."""
 
-    def __init__(self, *, client: Client, peer_id: str, interval: float, abort_seq: int,
-                 on_aborts: Callable[[list[int]], None], on_removed: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        *,
+        client: Client,
+        peer_id: str,
+        interval: float,
+        abort_seq: int,
+        on_aborts: Callable[[list[int]], None],
+        on_removed: Callable[[str], None],
+    ) -> None:
         self._client, self._peer_id, self._interval = client, peer_id, interval
         self._seq = abort_seq
         self._on_aborts, self._on_removed = on_aborts, on_removed
@@ -143,8 +153,9 @@ class Heartbeat:
 
     def _beat(self) -> None:
         try:
-            answer = self._client.call("POST", "/v1/heartbeat", {"peer_id": self._peer_id, "abort_seq": self._seq},
-                                       hold=self._interval)
+            answer = self._client.call(
+                "POST", "/v1/heartbeat", {"peer_id": self._peer_id, "abort_seq": self._seq}, hold=self._interval
+            )
         except Removed as exc:
             self._on_removed(exc.reason)
             self._stop.set()

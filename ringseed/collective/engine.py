@@ -62,8 +62,16 @@ class PeerAddress:
 class RingEngine:
     """One peer of a ring; thread-safe; blocking methods wrap the ``*_async`` ones."""
 
-    def __init__(self, *, peer_id: str, token: str, host: str = "127.0.0.1", port: int = 0,
-                 connections_per_peer: int = 1, io_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        *,
+        peer_id: str,
+        token: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        connections_per_peer: int = 1,
+        io_timeout: float = 30.0,
+    ) -> None:
         if connections_per_peer < 1:
             raise ValueError("connections_per_peer must be at least 1")
         self.peer_id = peer_id
@@ -81,15 +89,17 @@ class RingEngine:
         self._abort: str | None = None
         self._listener: transport.Listener | None = None
         self._queue = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"ringseed-op-{peer_id}")
-        self._io = concurrent.futures.ThreadPoolExecutor(2 * connections_per_peer,
-                                                         thread_name_prefix=f"ringseed-io-{peer_id}")
+        self._io = concurrent.futures.ThreadPoolExecutor(
+            2 * connections_per_peer, thread_name_prefix=f"ringseed-io-{peer_id}"
+        )
 
     # ----- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> PeerAddress:
         """Bind and accept in the background; returns the address other peers dial."""
-        self._listener = transport.Listener(host=self._host, port=self._port, token=self._token,
-                                            io_timeout=self._io_timeout, on_ring=self._on_ring)
+        self._listener = transport.Listener(
+            host=self._host, port=self._port, token=self._token, io_timeout=self._io_timeout, on_ring=self._on_ring
+        )
         self._listener.start()
         return self.address
 
@@ -155,15 +165,29 @@ class RingEngine:
 
     # ----- collectives -----------------------------------------------------------------------
 
-    def all_reduce(self, array: np.ndarray, *, op: ops.ReduceOp, tag: int, quantize: str | None = None,
-                   bfloat16: bool = False, reducer: runner.Reducer | None = None) -> None:
+    def all_reduce(
+        self,
+        array: np.ndarray,
+        *,
+        op: ops.ReduceOp,
+        tag: int,
+        quantize: str | None = None,
+        bfloat16: bool = False,
+        reducer: runner.Reducer | None = None,
+    ) -> None:
         """In place on a 1-D C-contiguous array; every peer ends bit-identical."""
-        self.all_reduce_async(array, op=op, tag=tag, quantize=quantize, bfloat16=bfloat16,
-                              reducer=reducer).result()
+        self.all_reduce_async(array, op=op, tag=tag, quantize=quantize, bfloat16=bfloat16, reducer=reducer).result()
 
-    def all_reduce_async(self, array: np.ndarray, *, op: ops.ReduceOp, tag: int, quantize: str | None = None,
-                         bfloat16: bool = False, reducer: runner.Reducer | None = None
-                         ) -> concurrent.futures.Future[None]:
+    def all_reduce_async(
+        self,
+        array: np.ndarray,
+        *,
+        op: ops.ReduceOp,
+        tag: int,
+        quantize: str | None = None,
+        bfloat16: bool = False,
+        reducer: runner.Reducer | None = None,
+    ) -> concurrent.futures.Future[None]:
         dtype = _check_array(array, bfloat16=bfloat16)
         ops.check_op(op, dtype)
         if quantize is not None:
@@ -172,14 +196,17 @@ class RingEngine:
         def plan(rank: int, world: int) -> schedule.Plan:
             seg = schedule.segment_elems(length=len(array), world=world, itemsize=array.itemsize)
             return schedule.all_reduce(length=len(array), rank=rank, world=world, seg_elems=seg)
+
         return self._submit(plan, array=array, dtype=dtype, op=op, tag=tag, quantize=quantize, reducer=reducer)
 
-    def reduce_scatter(self, array: np.ndarray, out: np.ndarray, *, op: ops.ReduceOp, tag: int,
-                       bfloat16: bool = False) -> None:
+    def reduce_scatter(
+        self, array: np.ndarray, out: np.ndarray, *, op: ops.ReduceOp, tag: int, bfloat16: bool = False
+    ) -> None:
         self.reduce_scatter_async(array, out, op=op, tag=tag, bfloat16=bfloat16).result()
 
-    def reduce_scatter_async(self, array: np.ndarray, out: np.ndarray, *, op: ops.ReduceOp, tag: int,
-                             bfloat16: bool = False) -> concurrent.futures.Future[None]:
+    def reduce_scatter_async(
+        self, array: np.ndarray, out: np.ndarray, *, op: ops.ReduceOp, tag: int, bfloat16: bool = False
+    ) -> concurrent.futures.Future[None]:
         """``array`` (world * n elements) is reduced and block ``rank`` lands in ``out`` (n elements).
 
         ``array`` is scratch space: it is left partly reduced."""
@@ -194,15 +221,16 @@ class RingEngine:
             return schedule.reduce_scatter(length=len(array), rank=rank, world=world, seg_elems=seg)
 
         def copy_out(rank: int) -> None:
-            out[...] = array[rank * block:(rank + 1) * block]
-        return self._submit(plan, array=array, dtype=dtype, op=op, tag=tag, quantize=None, reducer=None,
-                            after=copy_out)
+            out[...] = array[rank * block : (rank + 1) * block]
+
+        return self._submit(plan, array=array, dtype=dtype, op=op, tag=tag, quantize=None, reducer=None, after=copy_out)
 
     def broadcast(self, array: np.ndarray, *, root: int, tag: int, bfloat16: bool = False) -> None:
         self.broadcast_async(array, root=root, tag=tag, bfloat16=bfloat16).result()
 
-    def broadcast_async(self, array: np.ndarray, *, root: int, tag: int, bfloat16: bool = False
-                        ) -> concurrent.futures.Future[None]:
+    def broadcast_async(
+        self, array: np.ndarray, *, root: int, tag: int, bfloat16: bool = False
+    ) -> concurrent.futures.Future[None]:
         dtype = _check_array(array, bfloat16=bfloat16)
         if not 0 <= root < self.world_size:
             raise ValueError(f"root {root} is outside the ring of {self.world_size}")
@@ -210,14 +238,15 @@ class RingEngine:
         def plan(rank: int, world: int) -> schedule.Plan:
             seg = schedule.segment_elems(length=len(array), world=1, itemsize=array.itemsize)
             return schedule.broadcast(length=len(array), rank=rank, world=world, root=root, seg_elems=seg)
-        return self._submit(plan, array=array, dtype=dtype, op=ops.ReduceOp.SUM, tag=tag, quantize=None,
-                            reducer=None)
+
+        return self._submit(plan, array=array, dtype=dtype, op=ops.ReduceOp.SUM, tag=tag, quantize=None, reducer=None)
 
     def all_gather(self, array: np.ndarray, out: np.ndarray, *, tag: int, bfloat16: bool = False) -> None:
         self.all_gather_async(array, out, tag=tag, bfloat16=bfloat16).result()
 
-    def all_gather_async(self, array: np.ndarray, out: np.ndarray, *, tag: int, bfloat16: bool = False
-                         ) -> concurrent.futures.Future[None]:
+    def all_gather_async(
+        self, array: np.ndarray, out: np.ndarray, *, tag: int, bfloat16: bool = False
+    ) -> concurrent.futures.Future[None]:
         """``out`` (world * len(array), same dtype) receives every rank's ``array`` in rank order."""
         dtype = _check_array(array, bfloat16=bfloat16)
         if _check_array(out, bfloat16=bfloat16) is not dtype or len(out) != len(array) * self.world_size:
@@ -225,9 +254,10 @@ class RingEngine:
         block = len(array)
 
         def plan(rank: int, world: int) -> schedule.Plan:
-            out[rank * block:(rank + 1) * block] = array
+            out[rank * block : (rank + 1) * block] = array
             seg = schedule.segment_elems(length=block, world=1, itemsize=array.itemsize)
             return schedule.all_gather(block=block, rank=rank, world=world, seg_elems=seg)
+
         return self._submit(plan, array=out, dtype=dtype, op=ops.ReduceOp.SUM, tag=tag, quantize=None, reducer=None)
 
     def barrier(self, *, tag: int) -> None:
@@ -239,8 +269,16 @@ class RingEngine:
         result: dict[str, float] = {}
         for target in targets:
             try:
-                sock = transport.dial(host=target.host, port=target.port, token=self._token, peer_id=self.peer_id,
-                                      epoch=0, purpose=frames.Purpose.PROBE, channel=0, io_timeout=self._io_timeout)
+                sock = transport.dial(
+                    host=target.host,
+                    port=target.port,
+                    token=self._token,
+                    peer_id=self.peer_id,
+                    epoch=0,
+                    purpose=frames.Purpose.PROBE,
+                    channel=0,
+                    io_timeout=self._io_timeout,
+                )
                 with sock:
                     result[target.peer_id] = transport.probe(sock=sock, nbytes=min(nbytes, frames.MAX_FRAME_BYTES))
             except (OSError, frames.FrameError) as exc:
@@ -249,16 +287,33 @@ class RingEngine:
 
     # ----- internals -------------------------------------------------------------------------
 
-    def _submit(self, plan: Callable[[int, int], schedule.Plan], *, array: np.ndarray, dtype: frames.DType,
-                op: ops.ReduceOp, tag: int, quantize: str | None, reducer: runner.Reducer | None,
-                after: Callable[[int], None] | None = None) -> concurrent.futures.Future[None]:
+    def _submit(
+        self,
+        plan: Callable[[int, int], schedule.Plan],
+        *,
+        array: np.ndarray,
+        dtype: frames.DType,
+        op: ops.ReduceOp,
+        tag: int,
+        quantize: str | None,
+        reducer: runner.Reducer | None,
+        after: Callable[[int], None] | None = None,
+    ) -> concurrent.futures.Future[None]:
         def execute() -> None:
             with self._lock:
                 if self._abort is not None:
                     raise CollectiveAborted(self._abort)
                 outs, ins, rank, world = list(self._outs), list(self._ins), self._rank, self.world_size
-            job = runner.Job(plan=plan(rank, world), array=array, dtype=dtype, op=op, tag=tag, world=world,
-                             quantize=quantize, reducer=reducer or runner.NumpyReducer(array, dtype))
+            job = runner.Job(
+                plan=plan(rank, world),
+                array=array,
+                dtype=dtype,
+                op=op,
+                tag=tag,
+                world=world,
+                quantize=quantize,
+                reducer=reducer or runner.NumpyReducer(array, dtype),
+            )
             try:
                 if world > 1:
                     runner.run(job, outs=outs, ins=ins, pool=self._io, fail=self.abort)
@@ -266,6 +321,7 @@ class RingEngine:
                 raise CollectiveAborted(self._abort or str(exc)) from None
             if after is not None:
                 after(rank)
+
         return self._queue.submit(execute)
 
     def _on_ring(self, hello: frames.Hello, sock: socket.socket) -> str | None:
@@ -304,9 +360,16 @@ class RingEngine:
     def _dial(self, peer: PeerAddress, *, channel: int, deadline: float) -> socket.socket:
         while True:
             try:
-                return transport.dial(host=peer.host, port=peer.port, token=self._token, peer_id=self.peer_id,
-                                      epoch=self._epoch, purpose=frames.Purpose.RING, channel=channel,
-                                      io_timeout=self._io_timeout)
+                return transport.dial(
+                    host=peer.host,
+                    port=peer.port,
+                    token=self._token,
+                    peer_id=self.peer_id,
+                    epoch=self._epoch,
+                    purpose=frames.Purpose.RING,
+                    channel=channel,
+                    io_timeout=self._io_timeout,
+                )
             except frames.FrameError as exc:
                 raise CollectiveAborted(f"handshake with {peer.peer_id!r} failed: {exc}") from exc
             except ConnectionRefusedError as exc:  # nothing listens there any more: the peer is gone

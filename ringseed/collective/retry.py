@@ -20,8 +20,12 @@ from ringseed.collective import communicator, engine, ops
 T = TypeVar("T")
 
 
-def with_retry(attempt: Callable[[], T], *, max_attempts: int = 5,
-               on_abort: Callable[[engine.CollectiveAborted], None] | None = None) -> T:
+def with_retry(
+    attempt: Callable[[], T],
+    *,
+    max_attempts: int = 5,
+    on_abort: Callable[[engine.CollectiveAborted], None] | None = None,
+) -> T:
     """Run ``attempt`` until it does not raise ``CollectiveAborted`` (at most ``max_attempts``)."""
     if max_attempts < 1:
         raise ValueError("max_attempts must be at least 1")
@@ -38,9 +42,15 @@ def with_retry(attempt: Callable[[], T], *, max_attempts: int = 5,
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def all_reduce_with_retry(comm: communicator.Communicator, array: np.ndarray, *, op: ops.ReduceOp = ops.ReduceOp.SUM,
-                          quantize: str | None = None, max_attempts: int = 5,
-                          on_abort: Callable[[engine.CollectiveAborted], None] | None = None) -> int:
+def all_reduce_with_retry(
+    comm: communicator.Communicator,
+    array: np.ndarray,
+    *,
+    op: ops.ReduceOp = ops.ReduceOp.SUM,
+    quantize: str | None = None,
+    max_attempts: int = 5,
+    on_abort: Callable[[engine.CollectiveAborted], None] | None = None,
+) -> int:
     """All-reduce ``array`` in place, retrying with the survivors; returns the world size it ran with."""
 
     def attempt() -> int:

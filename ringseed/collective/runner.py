@@ -62,7 +62,7 @@ class NumpyReducer:
 @dataclasses.dataclass(frozen=True)
 class Job:
     plan: schedule.Plan
-    array: np.ndarray             # 1-D, C-contiguous, storage dtype of ``dtype``
+    array: np.ndarray  # 1-D, C-contiguous, storage dtype of ``dtype``
     dtype: frames.DType
     op: ops.ReduceOp
     tag: int
@@ -102,8 +102,12 @@ class _State:
 
 
 def run(
-    job: Job, *, outs: Sequence[socket.socket], ins: Sequence[socket.socket],
-    pool: concurrent.futures.ThreadPoolExecutor, fail: Callable[[str], None],
+    job: Job,
+    *,
+    outs: Sequence[socket.socket],
+    ins: Sequence[socket.socket],
+    pool: concurrent.futures.ThreadPoolExecutor,
+    fail: Callable[[str], None],
 ) -> None:
     """Run ``job`` to completion or raise Failed (after ``fail`` woke everything)."""
     state = _State(job, fail)
@@ -131,7 +135,7 @@ def _guard(state: _State, loop: Callable[..., None], *args: object) -> str | Non
 
 def _report(state: _State, reason: str) -> str:
     if state.failed:
-        return "aborted"        # a consequence of an earlier failure, not a cause
+        return "aborted"  # a consequence of an earlier failure, not a cause
     state.fail(reason)
     return reason
 
@@ -146,16 +150,15 @@ def _send_loop(state: _State, sock: socket.socket, channel: int, channels: int) 
         if state.failed:
             raise Failed("aborted")
         if job.quantize is None:
-            payload = _bytes(job.array[item.start:item.stop])
+            payload = _bytes(job.array[item.start : item.stop])
         elif item.stored:
             payload = _bytes(_stored(state, item.seg))
         else:
             scratch = _grow(scratch, quantize.encoded_nbytes(item.stop - item.start, job.quantize))
             out = scratch[: quantize.encoded_nbytes(item.stop - item.start, job.quantize)]
-            quantize.encode(job.array[item.start:item.stop], dtype=job.dtype, mode=job.quantize, out=out)
+            quantize.encode(job.array[item.start : item.stop], dtype=job.dtype, mode=job.quantize, out=out)
             payload = _bytes(out)
-        header = frames.Header(kind=frames.Kind.DATA, dtype=wire, tag=job.tag, sequence=item.seq,
-                               nbytes=len(payload))
+        header = frames.Header(kind=frames.Kind.DATA, dtype=wire, tag=job.tag, sequence=item.seq, nbytes=len(payload))
         transport.send_frame(sock, header, payload)
 
 
@@ -168,8 +171,14 @@ def _recv_loop(state: _State, sock: socket.socket, channel: int, channels: int) 
         count = item.stop - item.start
         nbytes = quantize.encoded_nbytes(count, job.quantize) if job.quantize else count * job.array.itemsize
         header = transport.recv_header(sock, head)
-        frames.check_expected(header, kind=frames.Kind.DATA, tag=job.tag, sequence=item.seq, nbytes=nbytes,
-                              dtype=quantize.wire_dtype(job.quantize) if job.quantize else job.dtype)
+        frames.check_expected(
+            header,
+            kind=frames.Kind.DATA,
+            tag=job.tag,
+            sequence=item.seq,
+            nbytes=nbytes,
+            dtype=quantize.wire_dtype(job.quantize) if job.quantize else job.dtype,
+        )
         if job.quantize is not None:
             wire = _grow(wire, nbytes)
             staging = _grow(staging, count)
@@ -179,7 +188,7 @@ def _recv_loop(state: _State, sock: socket.socket, channel: int, channels: int) 
             transport.recv_exact(sock, _bytes(staging[:count]))
             _reduce(state, item, staging[:count])
         else:
-            transport.recv_exact(sock, _bytes(job.array[item.start:item.stop]))
+            transport.recv_exact(sock, _bytes(job.array[item.start : item.stop]))
         state.mark(item.seq)
 
 
@@ -195,8 +204,8 @@ def _recv_quantized(
 ) -> None:
     job = state.job
     assert job.quantize is not None
-    region = job.array[item.start:item.stop]
-    if not item.reduce:                                   # all-gather: keep the bytes to forward them
+    region = job.array[item.start : item.stop]
+    if not item.reduce:  # all-gather: keep the bytes to forward them
         stored = np.empty(len(wire), np.uint8)
         transport.recv_exact(sock, _bytes(stored))
         state.stored[item.seg] = stored
@@ -205,7 +214,7 @@ def _recv_quantized(
     transport.recv_exact(sock, _bytes(wire))
     quantize.decode(wire, dtype=job.dtype, mode=job.quantize, out=values)
     _reduce(state, item, values)
-    if item.final:                                        # the owner: encode once, decode the same bytes
+    if item.final:  # the owner: encode once, decode the same bytes
         stored = np.empty(len(wire), np.uint8)
         quantize.encode(region, dtype=job.dtype, mode=job.quantize, out=stored)
         state.stored[item.seg] = stored

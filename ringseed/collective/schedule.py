@@ -31,11 +31,11 @@ MAX_SEGMENT_BYTES = 4 << 20
 @dataclasses.dataclass(frozen=True)
 class Recv:
     seq: int
-    start: int            # element range in the destination array
+    start: int  # element range in the destination array
     stop: int
-    seg: int              # segment id (stable across steps, used for quantised storage)
-    reduce: bool          # combine into the array (else copy)
-    final: bool           # the last reduction of this segment (AVG divides, quantised owner encodes)
+    seg: int  # segment id (stable across steps, used for quantised storage)
+    reduce: bool  # combine into the array (else copy)
+    final: bool  # the last reduction of this segment (AVG divides, quantised owner encodes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,15 +44,15 @@ class Send:
     start: int
     stop: int
     seg: int
-    after: int | None     # index of the receive that must complete first
-    stored: bool          # quantised: forward the segment's stored encoded bytes
+    after: int | None  # index of the receive that must complete first
+    stored: bool  # quantised: forward the segment's stored encoded bytes
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     sends: tuple[Send, ...]
     recvs: tuple[Recv, ...]
-    segments: int         # number of distinct segment ids
+    segments: int  # number of distinct segment ids
 
 
 def segment_elems(*, length: int, world: int, itemsize: int) -> int:
@@ -84,7 +84,7 @@ class _Builder:
     def __init__(self) -> None:
         self.sends: list[Send] = []
         self.recvs: list[Recv] = []
-        self.last_recv: dict[int, int] = {}     # segment id -> index of its latest receive
+        self.last_recv: dict[int, int] = {}  # segment id -> index of its latest receive
 
     def send(self, segs: list[tuple[int, int, int]], *, depend: bool, stored: bool = False) -> None:
         for a, b, sid in segs:

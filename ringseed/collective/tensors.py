@@ -29,8 +29,19 @@ import torch
 
 from ringseed.collective import ops, runner
 
-TORCH_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
-                          torch.int16, torch.int32, torch.int64})
+TORCH_DTYPES = frozenset(
+    {
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+    }
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +66,7 @@ def stage(tensor: torch.Tensor, *, device_reduce: bool | None = None) -> Staged:
 
         def copy_back() -> None:
             tensor.detach().copy_(copy.view_as(tensor))
+
         return Staged(array=to_numpy(copy), bfloat16=bf16, reducer=None, finish=copy_back)
     return _stage_on_device(tensor, bf16=bf16)
 
@@ -62,13 +74,14 @@ def stage(tensor: torch.Tensor, *, device_reduce: bool | None = None) -> Staged:
 def _stage_on_device(tensor: torch.Tensor, *, bf16: bool) -> Staged:
     device_flat = tensor.detach().contiguous().view(-1)
     if device_flat.data_ptr() == tensor.data_ptr() and tensor.is_contiguous():
-        device_flat = device_flat.clone()           # keep the caller's tensor untouched until finish
+        device_flat = device_flat.clone()  # keep the caller's tensor untouched until finish
     host = torch.empty(device_flat.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
     host.copy_(device_flat)
     array = to_numpy(host)
 
     def finish() -> None:
         tensor.detach().copy_(host.view_as(tensor))
+
     return Staged(array=array, bfloat16=bf16, reducer=TorchReducer(device=device_flat, host=host), finish=finish)
 
 
@@ -88,8 +101,8 @@ def from_numpy(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 class TorchReducer:
     """Combines on the tensor's device (the GPU for CUDA tensors) and mirrors results to ``host``."""
 
-    device: torch.Tensor    # 1-D working copy on the device
-    host: torch.Tensor      # 1-D pinned host buffer the engine sends from
+    device: torch.Tensor  # 1-D working copy on the device
+    host: torch.Tensor  # 1-D pinned host buffer the engine sends from
 
     def combine(self, *, start: int, stop: int, src: np.ndarray, op: ops.ReduceOp) -> None:
         incoming = from_numpy(src, self.device.dtype).to(self.device.device, non_blocking=False)

@@ -57,8 +57,9 @@ _OPS = {
 class Work(c10d.Work):
     """A handle on engine futures; ``finish`` runs once they all succeeded, then the torch future is set."""
 
-    def __init__(self, futures: Sequence[concurrent.futures.Future[None]], *, result: Any,
-                 finish: Callable[[], None]) -> None:
+    def __init__(
+        self, futures: Sequence[concurrent.futures.Future[None]], *, result: Any, finish: Callable[[], None]
+    ) -> None:
         super().__init__()
         self._torch_future: torch.futures.Future[Any] = torch.futures.Future()
         self._done = concurrent.futures.Future[None]()
@@ -90,7 +91,7 @@ class Work(c10d.Work):
         if error is None:
             try:
                 self._finish()
-            except Exception as exc:    # a failed copy-back fails the work, never the engine thread
+            except Exception as exc:  # a failed copy-back fails the work, never the engine thread
                 error = exc
         if error is None:
             self._done.set_result(None)
@@ -120,8 +121,12 @@ class RingseedProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)  # type: ignore[call-arg]  # the two-argument form for Python groups
         token = os.environ.get("RINGSEED_TOKEN") or _shared_token(store, rank=rank)
         self._engine = engine.RingEngine(
-            peer_id=f"rank-{rank}", token=token, host=os.environ.get("RINGSEED_LISTEN_HOST", "127.0.0.1"),
-            port=int(os.environ.get("RINGSEED_LISTEN_PORT", "0")), io_timeout=timeout.total_seconds())
+            peer_id=f"rank-{rank}",
+            token=token,
+            host=os.environ.get("RINGSEED_LISTEN_HOST", "127.0.0.1"),
+            port=int(os.environ.get("RINGSEED_LISTEN_PORT", "0")),
+            io_timeout=timeout.total_seconds(),
+        )
         address = self._engine.start()
         store.set(f"ringseed/addr/{rank}", json.dumps([address.peer_id, address.host, address.port]))
         keys = [f"ringseed/addr/{r}" for r in range(size)]
@@ -140,15 +145,18 @@ class RingseedProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         op = _OPS[opts.reduceOp.op] if opts is not None else ops.ReduceOp.SUM
         staged = [tensors.stage(t) for t in tensor_list]
-        futures = [self._engine.all_reduce_async(s.array, op=op, tag=self._next_tag(), bfloat16=s.bfloat16,
-                                                 reducer=s.reducer) for s in staged]
+        futures = [
+            self._engine.all_reduce_async(s.array, op=op, tag=self._next_tag(), bfloat16=s.bfloat16, reducer=s.reducer)
+            for s in staged
+        ]
         return Work(futures, result=tensor_list, finish=_finish_all(staged))
 
     def broadcast(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         root = opts.rootRank if opts is not None else 0
         staged = [tensors.stage(t) for t in tensor_list]
-        futures = [self._engine.broadcast_async(s.array, root=root, tag=self._next_tag(), bfloat16=s.bfloat16)
-                   for s in staged]
+        futures = [
+            self._engine.broadcast_async(s.array, root=root, tag=self._next_tag(), bfloat16=s.bfloat16) for s in staged
+        ]
         return Work(futures, result=tensor_list, finish=_finish_all(staged))
 
     def allgather(  # type: ignore[override]
@@ -168,12 +176,14 @@ class RingseedProcessGroup(dist.ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> Work:
         return self._allgather_base(output, tensor, opts)
 
-    def _gather(self, tensor: torch.Tensor, deliver: Callable[[torch.Tensor], object]
-                ) -> tuple[concurrent.futures.Future[None], Callable[[], None]]:
+    def _gather(
+        self, tensor: torch.Tensor, deliver: Callable[[torch.Tensor], object]
+    ) -> tuple[concurrent.futures.Future[None], Callable[[], None]]:
         source = tensors.stage(tensor, device_reduce=False)
         gathered = torch.empty(tensor.numel() * self.size(), dtype=tensor.dtype)
-        future = self._engine.all_gather_async(source.array, tensors.to_numpy(gathered), tag=self._next_tag(),
-                                               bfloat16=source.bfloat16)
+        future = self._engine.all_gather_async(
+            source.array, tensors.to_numpy(gathered), tag=self._next_tag(), bfloat16=source.bfloat16
+        )
         return future, lambda: _ignore(deliver(gathered))
 
     def reduce_scatter(  # type: ignore[override]
@@ -184,9 +194,15 @@ class RingseedProcessGroup(dist.ProcessGroup):
         for out, inputs in zip(output_tensors, input_tensors, strict=True):
             work = torch.cat([t.detach().reshape(-1).cpu() for t in inputs])
             result = torch.empty(out.numel(), dtype=out.dtype)
-            futures.append(self._engine.reduce_scatter_async(
-                tensors.to_numpy(work), tensors.to_numpy(result), op=op, tag=self._next_tag(),
-                bfloat16=out.dtype == torch.bfloat16))
+            futures.append(
+                self._engine.reduce_scatter_async(
+                    tensors.to_numpy(work),
+                    tensors.to_numpy(result),
+                    op=op,
+                    tag=self._next_tag(),
+                    bfloat16=out.dtype == torch.bfloat16,
+                )
+            )
             finishers.append(lambda out=out, result=result: _ignore(out.detach().copy_(result.view_as(out))))
         return Work(futures, result=output_tensors, finish=_run_all(finishers))
 
@@ -214,6 +230,7 @@ def _run_all(steps: Sequence[Callable[[], None]]) -> Callable[[], None]:
     def run() -> None:
         for step in steps:
             step()
+
     return run
 
 
@@ -224,7 +241,7 @@ def _ignore(_: object) -> None:
 def _scatter_into(gathered: torch.Tensor, *, outs: Sequence[torch.Tensor]) -> None:
     offset = 0
     for out in outs:
-        out.detach().view(-1).copy_(gathered[offset:offset + out.numel()])
+        out.detach().view(-1).copy_(gathered[offset : offset + out.numel()])
         offset += out.numel()
 
 

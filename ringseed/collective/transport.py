@@ -33,7 +33,7 @@ from ringseed.protocol import frames
 log = logging.getLogger(__name__)
 _PROBE_PIECE = 1 << 20
 
-RingHandler = Callable[[frames.Hello, socket.socket], str | None]   # returns a reject reason or None
+RingHandler = Callable[[frames.Hello, socket.socket], str | None]  # returns a reject reason or None
 
 
 def configure(sock: socket.socket, *, io_timeout: float) -> None:
@@ -64,11 +64,18 @@ def send_frame(sock: socket.socket, header: frames.Header, payload: memoryview) 
         sock.sendall(head[sent:])
         sent = len(head)
     if sent - len(head) < len(payload):
-        sock.sendall(payload[sent - len(head):])
+        sock.sendall(payload[sent - len(head) :])
 
 
 def dial(
-    *, host: str, port: int, token: str, peer_id: str, epoch: int, purpose: frames.Purpose, channel: int,
+    *,
+    host: str,
+    port: int,
+    token: str,
+    peer_id: str,
+    epoch: int,
+    purpose: frames.Purpose,
+    channel: int,
     io_timeout: float,
 ) -> socket.socket:
     """Connect and complete the handshake; raise FrameError/OSError on failure (socket closed)."""
@@ -77,8 +84,17 @@ def dial(
         configure(sock, io_timeout=io_timeout)
         challenge = _read(sock, frames.CHALLENGE_BYTES)
         nonce = os.urandom(frames.NONCE_BYTES)
-        sock.sendall(frames.make_hello(token=token, challenge=frames.decode_challenge(challenge), peer_id=peer_id,
-                                       epoch=epoch, purpose=purpose, channel=channel, nonce=nonce))
+        sock.sendall(
+            frames.make_hello(
+                token=token,
+                challenge=frames.decode_challenge(challenge),
+                peer_id=peer_id,
+                epoch=epoch,
+                purpose=purpose,
+                channel=channel,
+                nonce=nonce,
+            )
+        )
         status, mac, reason_len = frames.decode_reply_fixed(_read(sock, frames.REPLY_FIXED_BYTES))
         reason = _read(sock, reason_len) if reason_len else b""
         frames.check_reply(token=token, hello_nonce=nonce, status=status, mac=mac, reason=reason)
@@ -98,7 +114,7 @@ class Listener:
         self._sock = socket.create_server((host, port), backlog=64)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._accept_loop, name="ringseed-accept", daemon=True)
-        self.rejected = 0   # handshakes refused so far (for tests and metrics)
+        self.rejected = 0  # handshakes refused so far (for tests and metrics)
         self._count_lock = threading.Lock()
 
     @property
@@ -151,8 +167,9 @@ class Listener:
         try:
             fixed = _read(conn, frames.HELLO_FIXED_BYTES)
             _, _, _, _, _, id_len = frames.decode_hello_fixed(fixed)
-            return frames.verify_hello(token=self._token, challenge=challenge, fixed=fixed,
-                                       peer_id_bytes=_read(conn, id_len))
+            return frames.verify_hello(
+                token=self._token, challenge=challenge, fixed=fixed, peer_id_bytes=_read(conn, id_len)
+            )
         except (frames.FrameError, OSError) as exc:
             self._refuse(conn, str(exc))
             raise
@@ -174,8 +191,11 @@ def probe(*, sock: socket.socket, nbytes: int) -> float:
     """Send ``nbytes`` of probe data and wait for the ack; returns bytes per second."""
     payload = memoryview(bytearray(min(nbytes, _PROBE_PIECE)))
     start = time.perf_counter()
-    sock.sendall(frames.encode_header(frames.Header(kind=frames.Kind.PROBE, dtype=frames.DType.U8, tag=0,
-                                                    sequence=0, nbytes=nbytes)))
+    sock.sendall(
+        frames.encode_header(
+            frames.Header(kind=frames.Kind.PROBE, dtype=frames.DType.U8, tag=0, sequence=0, nbytes=nbytes)
+        )
+    )
     left = nbytes
     while left:
         sock.sendall(payload[: min(left, len(payload))])
@@ -195,8 +215,11 @@ def _serve_probe(conn: socket.socket) -> None:
         step = min(left, len(scratch))
         recv_exact(conn, scratch[:step])
         left -= step
-    conn.sendall(frames.encode_header(frames.Header(kind=frames.Kind.PROBE_ACK, dtype=frames.DType.U8, tag=0,
-                                                    sequence=0, nbytes=0)))
+    conn.sendall(
+        frames.encode_header(
+            frames.Header(kind=frames.Kind.PROBE_ACK, dtype=frames.DType.U8, tag=0, sequence=0, nbytes=0)
+        )
+    )
 
 
 def _read(sock: socket.socket, n: int) -> bytes:

@@ -48,8 +48,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--op", choices=OPS, default="sum")
     parser.add_argument("--quantize", choices=("int8", "fp16", "bf16"), default=None)
     parser.add_argument("--iters", type=int, default=3, help="timed all-reduces (default 3)")
-    parser.add_argument("--kill-peer-at", type=float, default=None, metavar="SECONDS",
-                        help="SIGKILL the last peer this long after the warm-up and check the recovery")
+    parser.add_argument(
+        "--kill-peer-at",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="SIGKILL the last peer this long after the warm-up and check the recovery",
+    )
     parser.add_argument("--heartbeat-interval", type=float, default=0.25)
     parser.add_argument("--heartbeat-timeout", type=float, default=2.0)
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
@@ -135,10 +140,29 @@ def _free_port() -> int:
 
 def _start_coordinator(args: argparse.Namespace, procs: _Processes, token_file: Path) -> str:
     port = _free_port()
-    procs.spawn([sys.executable, "-m", "ringseed.cli", "master", "--role", "coordinator", "--host", "127.0.0.1",
-                 "--port", str(port), "--token-file", str(token_file), "--min-peers", str(args.peers),
-                 "--heartbeat-interval", str(args.heartbeat_interval),
-                 "--heartbeat-timeout", str(args.heartbeat_timeout)], name="coordinator")
+    procs.spawn(
+        [
+            sys.executable,
+            "-m",
+            "ringseed.cli",
+            "master",
+            "--role",
+            "coordinator",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--token-file",
+            str(token_file),
+            "--min-peers",
+            str(args.peers),
+            "--heartbeat-interval",
+            str(args.heartbeat_interval),
+            "--heartbeat-timeout",
+            str(args.heartbeat_timeout),
+        ],
+        name="coordinator",
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -158,9 +182,27 @@ def _execute(args: argparse.Namespace, *, procs: _Processes, count: int, tmp: Pa
     lines: queue.Queue[tuple[int, str]] = queue.Queue()
     workers = []
     for i in range(args.peers):
-        argv = [sys.executable, "-m", "ringseed.local.allreduce_worker", "--coordinator", url, "--token-file",
-                str(token_file), "--index", str(i), "--count", str(count), "--dtype", args.dtype, "--op", args.op,
-                "--iters", str(args.iters), "--max-seconds", str(args.timeout)]
+        argv = [
+            sys.executable,
+            "-m",
+            "ringseed.local.allreduce_worker",
+            "--coordinator",
+            url,
+            "--token-file",
+            str(token_file),
+            "--index",
+            str(i),
+            "--count",
+            str(count),
+            "--dtype",
+            args.dtype,
+            "--op",
+            args.op,
+            "--iters",
+            str(args.iters),
+            "--max-seconds",
+            str(args.timeout),
+        ]
         argv += ["--quantize", args.quantize] if args.quantize else []
         argv += ["--until-shrunk", str(args.peers)] if args.kill_peer_at is not None else []
         proc = procs.spawn(argv, name=f"peer-{i}", stdout=subprocess.PIPE)
@@ -177,8 +219,9 @@ def _execute(args: argparse.Namespace, *, procs: _Processes, count: int, tmp: Pa
         _signal_group(workers[victim], signal.SIGKILL)
     survivors = set(range(args.peers)) - ({victim} if killed_at else set())
     reports = _collect(lines, "{", expected=survivors, deadline=deadline, procs=procs)
-    return _summarise(args, reports=[json.loads(r) for _, r in sorted(reports.items())], count=count,
-                      killed_at=killed_at)
+    return _summarise(
+        args, reports=[json.loads(r) for _, r in sorted(reports.items())], count=count, killed_at=killed_at
+    )
 
 
 def _pump(index: int, stream: IO[str], lines: queue.Queue[tuple[int, str]]) -> None:
@@ -186,8 +229,9 @@ def _pump(index: int, stream: IO[str], lines: queue.Queue[tuple[int, str]]) -> N
         lines.put((index, line.strip()))
 
 
-def _collect(lines: queue.Queue[tuple[int, str]], prefix: str, *, expected: set[int], deadline: float,
-             procs: _Processes) -> dict[int, str]:
+def _collect(
+    lines: queue.Queue[tuple[int, str]], prefix: str, *, expected: set[int], deadline: float, procs: _Processes
+) -> dict[int, str]:
     found: dict[int, str] = {}
     while set(found) < expected:
         try:
@@ -203,8 +247,9 @@ def _collect(lines: queue.Queue[tuple[int, str]], prefix: str, *, expected: set[
     return found
 
 
-def _summarise(args: argparse.Namespace, *, reports: list[dict[str, Any]], count: int,
-               killed_at: float | None) -> dict[str, Any]:
+def _summarise(
+    args: argparse.Namespace, *, reports: list[dict[str, Any]], count: int, killed_at: float | None
+) -> dict[str, Any]:
     nbytes = count * {"float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}[args.dtype]
     world = min(int(r["world_size"]) for r in reports)
     per_iter = [max(times) for times in zip(*(r["times"] for r in reports), strict=False)]
@@ -214,19 +259,30 @@ def _summarise(args: argparse.Namespace, *, reports: list[dict[str, Any]], count
     ok = all(float(r["max_abs_error"]) <= float(r["tolerance"]) for r in reports)
     ok = ok and len({tuple(r["members"]) for r in reports}) == 1
     summary: dict[str, Any] = {
-        "ok": ok, "peers": args.peers, "world_size": world, "bytes": nbytes, "dtype": args.dtype,
-        "op": args.op, "quantize": args.quantize, "seconds": seconds, "algbw_gbps": algbw,
-        "busbw_gbps": algbw * 2 * (world - 1) / world if world > 1 else 0.0, "max_abs_error": error,
+        "ok": ok,
+        "peers": args.peers,
+        "world_size": world,
+        "bytes": nbytes,
+        "dtype": args.dtype,
+        "op": args.op,
+        "quantize": args.quantize,
+        "seconds": seconds,
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * 2 * (world - 1) / world if world > 1 else 0.0,
+        "max_abs_error": error,
         "tolerance": max(float(r["tolerance"]) for r in reports),
     }
     if killed_at is not None:
         aborts = [t - killed_at for r in reports for t in r["abort_times"] if t >= killed_at]
         restored = all(all(r["restored"]) for r in reports)
         summary.update(
-            killed_peer=f"peer-{args.peers - 1}", survivors=[r["peer_id"] for r in reports],
+            killed_peer=f"peer-{args.peers - 1}",
+            survivors=[r["peer_id"] for r in reports],
             recovery_seconds=max(float(r["done_at"]) for r in reports) - killed_at,
-            abort_seconds=max(aborts) if aborts else None, restored_bit_for_bit=restored,
-            heartbeat_timeout=args.heartbeat_timeout)
+            abort_seconds=max(aborts) if aborts else None,
+            restored_bit_for_bit=restored,
+            heartbeat_timeout=args.heartbeat_timeout,
+        )
         retry_error = max(float(r["retry_max_abs_error"]) for r in reports)
         summary["retry_max_abs_error"] = retry_error
         summary["ok"] = ok and restored and world == args.peers - 1 and retry_error <= summary["tolerance"]
@@ -237,13 +293,19 @@ def _print(summary: dict[str, Any], *, as_json: bool) -> None:
     if as_json:
         print(json.dumps(summary))
         return
-    print(f"all-reduce {summary['bytes']} bytes {summary['dtype']} {summary['op']} on {summary['world_size']} peers"
-          f"{' (quantize ' + summary['quantize'] + ')' if summary['quantize'] else ''}")
-    print(f"  time {summary['seconds'] * 1e3:.2f} ms   algbw {summary['algbw_gbps']:.3f} GB/s   "
-          f"busbw {summary['busbw_gbps']:.3f} GB/s")
+    print(
+        f"all-reduce {summary['bytes']} bytes {summary['dtype']} {summary['op']} on {summary['world_size']} peers"
+        f"{' (quantize ' + summary['quantize'] + ')' if summary['quantize'] else ''}"
+    )
+    print(
+        f"  time {summary['seconds'] * 1e3:.2f} ms   algbw {summary['algbw_gbps']:.3f} GB/s   "
+        f"busbw {summary['busbw_gbps']:.3f} GB/s"
+    )
     print(f"  max abs error {summary['max_abs_error']:.3g} (tolerance {summary['tolerance']:.3g})")
     if "recovery_seconds" in summary:
-        print(f"  killed {summary['killed_peer']}: aborts seen after {summary['abort_seconds']}, "
-              f"recovered in {summary['recovery_seconds']:.3f} s, buffers restored bit for bit: "
-              f"{summary['restored_bit_for_bit']}")
+        print(
+            f"  killed {summary['killed_peer']}: aborts seen after {summary['abort_seconds']}, "
+            f"recovered in {summary['recovery_seconds']:.3f} s, buffers restored bit for bit: "
+            f"{summary['restored_bit_for_bit']}"
+        )
     print("  OK" if summary["ok"] else "  FAILED")

@@ -105,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         report: dict[str, Any] = {}
         if args.until_shrunk:
             report = _run_kill(comm, data, work, op, args, retry)
-            report["retry_max_abs_error"] = reference_error(work, members=_members(comm), dtype=args.dtype,
-                                                            op=args.op)
+            report["retry_max_abs_error"] = reference_error(work, members=_members(comm), dtype=args.dtype, op=args.op)
         report.update(_run_timed(comm, data, work, op, args))
         members = _members(comm)
         report["max_abs_error"] = reference_error(work, members=members, dtype=args.dtype, op=args.op)
@@ -132,8 +131,9 @@ def _run_timed(comm: Any, data: np.ndarray, work: np.ndarray, op: Any, args: arg
     return {"times": times}
 
 
-def _run_kill(comm: Any, data: np.ndarray, work: np.ndarray, op: Any, args: argparse.Namespace,
-              retry: Any) -> dict[str, Any]:
+def _run_kill(
+    comm: Any, data: np.ndarray, work: np.ndarray, op: Any, args: argparse.Namespace, retry: Any
+) -> dict[str, Any]:
     aborts: list[float] = []
     restored: list[bool] = []
 
@@ -145,8 +145,9 @@ def _run_kill(comm: Any, data: np.ndarray, work: np.ndarray, op: Any, args: argp
     world = comm.world_size
     while time.monotonic() < deadline:
         np.copyto(work, data)
-        world = retry.all_reduce_with_retry(comm, work, op=op, quantize=args.quantize, max_attempts=20,
-                                            on_abort=on_abort)
+        world = retry.all_reduce_with_retry(
+            comm, work, op=op, quantize=args.quantize, max_attempts=20, on_abort=on_abort
+        )
         if world < args.until_shrunk:
             return {"done_at": time.time(), "abort_times": aborts, "restored": restored}
     raise TimeoutError(f"the group did not shrink below {args.until_shrunk} peers in {args.max_seconds} s")
@@ -170,6 +171,7 @@ def _parser() -> argparse.ArgumentParser:
 if __name__ == "__main__":
     import logging
 
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     sys.exit(main())

@@ -49,14 +49,21 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_WAIT = 60.0
 DETECTOR_PERIOD = 0.05  # the failure detector's longest sleep, in s
-LIVENESS_POLL = 0.02    # how often a held heartbeat checks that its connection is still open, in s
+LIVENESS_POLL = 0.02  # how often a held heartbeat checks that its connection is still open, in s
 
 
 class Coordinator:
     """State plus change notification; handlers are thin wrappers around it."""
 
-    def __init__(self, *, heartbeat_interval: float, heartbeat_timeout: float, optimize_topology: bool,
-                 min_peers: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        heartbeat_interval: float,
+        heartbeat_timeout: float,
+        optimize_topology: bool,
+        min_peers: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if heartbeat_interval <= 0 or heartbeat_timeout <= heartbeat_interval:
             raise ValueError("need 0 < heartbeat_interval < heartbeat_timeout")
         self.interval = heartbeat_interval
@@ -72,8 +79,9 @@ class Coordinator:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def wait_for(self, check: Callable[[], T | None], *, wait: float,
-                       connected: Callable[[], bool] | None = None) -> T | None:
+    async def wait_for(
+        self, check: Callable[[], T | None], *, wait: float, connected: Callable[[], bool] | None = None
+    ) -> T | None:
         """Re-run ``check`` after every state change until it gives a value or ``wait`` passes;
         with ``connected``, also stop (within ``LIVENESS_POLL``) once it returns False."""
         deadline = self.clock() + min(max(wait, 0.0), MAX_WAIT)
@@ -130,8 +138,9 @@ class Coordinator:
             self.metrics.set("coordinator_last_all_reduce_busbw_gbps", last["busbw_gbps"])
 
 
-def create_app(*, token: str, heartbeat_interval: float, heartbeat_timeout: float, optimize_topology: bool,
-               min_peers: int) -> aioweb.Application:
+def create_app(
+    *, token: str, heartbeat_interval: float, heartbeat_timeout: float, optimize_topology: bool, min_peers: int
+) -> aioweb.Application:
     """The coordinator's aiohttp application (see the module docstring for the API)."""
     app = web.make_app(token=token)
     state: dict[str, Coordinator] = {}
@@ -140,8 +149,10 @@ def create_app(*, token: str, heartbeat_interval: float, heartbeat_timeout: floa
 
     async def lifecycle(app: aioweb.Application) -> AsyncIterator[None]:
         coordinator = state["c"] = Coordinator(
-            heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
-            optimize_topology=optimize_topology, min_peers=min_peers,
+            heartbeat_interval=heartbeat_interval,
+            heartbeat_timeout=heartbeat_timeout,
+            optimize_topology=optimize_topology,
+            min_peers=min_peers,
         )
         task = asyncio.create_task(_detector(coordinator))
         yield

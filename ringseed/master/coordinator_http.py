@@ -51,14 +51,16 @@ def join(get: Get) -> Handler:
 
         await c.wait_for(accepted, wait=_wait(body))
         info = c.group.peers.get(peer_id)
-        return aioweb.json_response({
-            "status": info.status.value if info else "Removed",
-            "epoch": c.group.epoch,
-            "ring": c.group.ring_addresses(),
-            "heartbeat_interval": c.interval,
-            "heartbeat_timeout": c.timeout,
-            "abort_seq": c.group.abort_seq,
-        })
+        return aioweb.json_response(
+            {
+                "status": info.status.value if info else "Removed",
+                "epoch": c.group.epoch,
+                "ring": c.group.ring_addresses(),
+                "heartbeat_interval": c.interval,
+                "heartbeat_timeout": c.timeout,
+                "abort_seq": c.group.abort_seq,
+            }
+        )
 
     return handler
 
@@ -73,19 +75,24 @@ def heartbeat(get: Get) -> Handler:
             info = c.group.heartbeat(peer_id=peer_id, now=c.clock())
         except membership.MembershipError as exc:
             raise _refused(exc) from None
-        await c.wait_for(lambda: c.group.aborts_since(seq) or None, wait=min(_wait(body), c.interval),
-                         connected=lambda: _connected(request))
+        await c.wait_for(
+            lambda: c.group.aborts_since(seq) or None,
+            wait=min(_wait(body), c.interval),
+            connected=lambda: _connected(request),
+        )
         if not _connected(request):  # the peer hung up a held heartbeat: its process is gone
             c.lost(peer_id, reason="its heartbeat connection closed (process gone)")
             raise web.problem(410, "removed", f"peer {peer_id!r} closed its heartbeat connection")
         info = c.group.peers.get(peer_id, info)
-        return aioweb.json_response({
-            "status": info.status.value,
-            "epoch": c.group.epoch,
-            "abort_seq": c.group.abort_seq,
-            "aborts": c.group.aborts_since(seq),
-            "pending_peers": c.group.pending(),
-        })
+        return aioweb.json_response(
+            {
+                "status": info.status.value,
+                "epoch": c.group.epoch,
+                "abort_seq": c.group.abort_seq,
+                "aborts": c.group.aborts_since(seq),
+                "pending_peers": c.group.pending(),
+            }
+        )
 
     return handler
 
@@ -133,11 +140,13 @@ def end(get: Get) -> Handler:
             decision = await c.wait_for(lambda: c.group.decision(tag), wait=_wait(body))
         except membership.MembershipError as exc:
             raise _refused(exc) from None
-        return aioweb.json_response({
-            "verdict": decision.verdict.value if decision else None,
-            "reason": decision.reason if decision else "",
-            "epoch": c.group.epoch,
-        })
+        return aioweb.json_response(
+            {
+                "verdict": decision.verdict.value if decision else None,
+                "reason": decision.reason if decision else "",
+                "epoch": c.group.epoch,
+            }
+        )
 
     return handler
 
@@ -157,11 +166,13 @@ def leave(get: Get) -> Handler:
 def topology(get: Get) -> Handler:
     async def handler(request: aioweb.Request) -> aioweb.Response:
         c = get()
-        return aioweb.json_response({
-            "epoch": c.group.epoch,
-            "ring": c.group.ring_addresses(),
-            "optimize": c.group.optimize_topology,
-        })
+        return aioweb.json_response(
+            {
+                "epoch": c.group.epoch,
+                "ring": c.group.ring_addresses(),
+                "optimize": c.group.optimize_topology,
+            }
+        )
 
     return handler
 

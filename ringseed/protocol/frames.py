@@ -32,18 +32,18 @@ import struct
 
 MAGIC = b"RSDF"
 VERSION = 1
-MAX_FRAME_BYTES = 64 << 20          # a segment is at most a few MiB; anything larger is hostile
+MAX_FRAME_BYTES = 64 << 20  # a segment is at most a few MiB; anything larger is hostile
 NONCE_BYTES = 16
 MAC_BYTES = 32
 MAX_PEER_ID_BYTES = 253
 
-_HEADER = struct.Struct("<4sBBBxQQQ")       # magic, version, kind, dtype, pad, tag, sequence, nbytes
+_HEADER = struct.Struct("<4sBBBxQQQ")  # magic, version, kind, dtype, pad, tag, sequence, nbytes
 HEADER_BYTES = _HEADER.size
 _CHALLENGE = struct.Struct(f"<4sB{NONCE_BYTES}s")
 CHALLENGE_BYTES = _CHALLENGE.size
-_HELLO_FIXED = struct.Struct(f"<4sBBHQ{NONCE_BYTES}s{MAC_BYTES}sB")   # ..., purpose, channel, epoch, nonce, mac, id len
+_HELLO_FIXED = struct.Struct(f"<4sBBHQ{NONCE_BYTES}s{MAC_BYTES}sB")  # ..., purpose, channel, epoch, nonce, mac, id len
 HELLO_FIXED_BYTES = _HELLO_FIXED.size
-_REPLY = struct.Struct(f"<4sBB{MAC_BYTES}sH")    # magic, version, status, mac, reason length
+_REPLY = struct.Struct(f"<4sBB{MAC_BYTES}sH")  # magic, version, status, mac, reason length
 REPLY_FIXED_BYTES = _REPLY.size
 MAX_REASON_BYTES = 1024
 
@@ -55,9 +55,9 @@ class FrameError(ValueError):
 class Kind(enum.IntEnum):
     """What a frame carries."""
 
-    DATA = 1          # a segment of a collective
-    PROBE = 2         # bandwidth probe bytes
-    PROBE_ACK = 3     # the probe's receiver got every byte
+    DATA = 1  # a segment of a collective
+    PROBE = 2  # bandwidth probe bytes
+    PROBE_ACK = 3  # the probe's receiver got every byte
 
 
 class DType(enum.IntEnum):
@@ -72,14 +72,14 @@ class DType(enum.IntEnum):
     I16 = 7
     I32 = 8
     I64 = 9
-    Q8 = 20           # int8 min-max quantised segment: float32 min, float32 scale, uint8 codes
+    Q8 = 20  # int8 min-max quantised segment: float32 min, float32 scale, uint8 codes
 
 
 class Purpose(enum.IntEnum):
     """Why a dialer opened a connection."""
 
-    RING = 1          # carries collective frames from the dialer to its ring successor
-    PROBE = 2         # one bandwidth measurement, then closed
+    RING = 1  # carries collective frames from the dialer to its ring successor
+    PROBE = 2  # one bandwidth measurement, then closed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,8 +160,9 @@ def make_hello(
     pid = peer_id.encode()
     if not 0 < len(pid) <= MAX_PEER_ID_BYTES:
         raise FrameError(f"peer id must be 1..{MAX_PEER_ID_BYTES} bytes, got {len(pid)}")
-    mac = _hello_mac(token=token, challenge=challenge, peer_id=pid, epoch=epoch, purpose=purpose,
-                     channel=channel, nonce=nonce)
+    mac = _hello_mac(
+        token=token, challenge=challenge, peer_id=pid, epoch=epoch, purpose=purpose, channel=channel, nonce=nonce
+    )
     return _HELLO_FIXED.pack(MAGIC, VERSION, purpose, channel, epoch, nonce, mac, len(pid)) + pid
 
 
@@ -187,8 +188,15 @@ def verify_hello(*, token: str, challenge: bytes, fixed: bytes, peer_id_bytes: b
         peer_id = peer_id_bytes.decode()
     except UnicodeDecodeError as exc:
         raise FrameError("handshake peer id is not UTF-8") from exc
-    want = _hello_mac(token=token, challenge=challenge, peer_id=peer_id_bytes, epoch=epoch, purpose=purpose,
-                      channel=channel, nonce=nonce)
+    want = _hello_mac(
+        token=token,
+        challenge=challenge,
+        peer_id=peer_id_bytes,
+        epoch=epoch,
+        purpose=purpose,
+        channel=channel,
+        nonce=nonce,
+    )
     if not hmac.compare_digest(want, mac):
         raise FrameError(f"handshake from peer {peer_id!r} failed: wrong group token")
     return Hello(peer_id=peer_id, epoch=epoch, purpose=purpose, channel=channel, nonce=nonce, mac=mac)

@@ -81,9 +81,7 @@ def neighbours(*, rank: int, world: int) -> tuple[int, int]:
 
 def reduce_scatter_steps(*, rank: int, world: int) -> list[Step]:
     _check(rank=rank, world=world)
-    return [
-        Step(Phase.REDUCE_SCATTER, s, (rank - s) % world, (rank - s - 1) % world) for s in range(world - 1)
-    ]
+    return [Step(Phase.REDUCE_SCATTER, s, (rank - s) % world, (rank - s - 1) % world) for s in range(world - 1)]
 
 
 def all_gather_steps(*, rank: int, world: int) -> list[Step]:

@@ -24,7 +24,7 @@ def train(model: torch.nn.Module, *, rank: int, world: int) -> dict[str, torch.T
     share = BATCH // world
     for step in range(STEPS):
         x, y = batch(step)
-        x, y = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
+        x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()

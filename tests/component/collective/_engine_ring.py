@@ -15,8 +15,10 @@ TOKEN = "test-token"
 
 @contextlib.contextmanager
 def ring(n: int, *, channels: int = 1, io_timeout: float = 20.0, epoch: int = 1) -> Iterator[list[engine.RingEngine]]:
-    engines = [engine.RingEngine(peer_id=f"p{i}", token=TOKEN, connections_per_peer=channels, io_timeout=io_timeout)
-               for i in range(n)]
+    engines = [
+        engine.RingEngine(peer_id=f"p{i}", token=TOKEN, connections_per_peer=channels, io_timeout=io_timeout)
+        for i in range(n)
+    ]
     try:
         addresses = [e.start() for e in engines]
         each(engines, lambda e: e.set_ring(addresses, epoch=epoch, timeout=20))

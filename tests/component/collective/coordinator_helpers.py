@@ -19,12 +19,18 @@ T = TypeVar("T")
 
 
 @contextlib.contextmanager
-def running_coordinator(*, interval: float = 0.2, timeout: float = 1.5, min_peers: int = 1,
-                        optimize: bool = False) -> Iterator[str]:
+def running_coordinator(
+    *, interval: float = 0.2, timeout: float = 1.5, min_peers: int = 1, optimize: bool = False
+) -> Iterator[str]:
     """Yield the URL of a coordinator served from a thread; stop it afterwards."""
     loop = asyncio.new_event_loop()
-    app = coordinator.create_app(token=TOKEN, heartbeat_interval=interval, heartbeat_timeout=timeout,
-                                 optimize_topology=optimize, min_peers=min_peers)
+    app = coordinator.create_app(
+        token=TOKEN,
+        heartbeat_interval=interval,
+        heartbeat_timeout=timeout,
+        optimize_topology=optimize,
+        min_peers=min_peers,
+    )
     runner = aioweb.AppRunner(app, access_log=None)
     ready: concurrent.futures.Future[int] = concurrent.futures.Future()
 
@@ -50,8 +56,9 @@ def make_peer(url: str, name: str) -> communicator.Communicator:
     return communicator.Communicator(coordinator_url=url, token=TOKEN, peer_id=name, io_timeout=10.0, hold=2.0)
 
 
-def on_each(comms: list[communicator.Communicator], fn: Callable[[int, communicator.Communicator], T],
-            *, timeout: float = 60.0) -> list[T]:
+def on_each(
+    comms: list[communicator.Communicator], fn: Callable[[int, communicator.Communicator], T], *, timeout: float = 60.0
+) -> list[T]:
     """Run ``fn(i, comm)`` for every peer at once (each peer is its own thread)."""
     with concurrent.futures.ThreadPoolExecutor(len(comms)) as pool:
         futures = [pool.submit(fn, i, c) for i, c in enumerate(comms)]

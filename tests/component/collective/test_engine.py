@@ -31,10 +31,12 @@ def make_inputs(dtype: str, *, n: int, length: int, op: Op, seed: int) -> list[n
     if dtype in ("float32", "float64", "float16"):
         low, high = (0.5, 1.5) if op is Op.PROD else (-4.0, 4.0)
         return [rng.uniform(low, high, length).astype(dtype) for _ in range(n)]
-    if dtype == "bfloat16":             # truncate float32 bit patterns to their high half
+    if dtype == "bfloat16":  # truncate float32 bit patterns to their high half
         low, high = (0.5, 1.5) if op is Op.PROD else (-4.0, 4.0)
-        return [(rng.uniform(low, high, length).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-                for _ in range(n)]
+        return [
+            (rng.uniform(low, high, length).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+            for _ in range(n)
+        ]
     info = np.iinfo(dtype)
     return [rng.integers(info.min, info.max, length, dtype=dtype, endpoint=True) for _ in range(n)]
 
@@ -49,10 +51,14 @@ def check(results: list[np.ndarray], inputs: list[np.ndarray], *, dtype: str, op
     for r in results[1:]:
         assert r.tobytes() == results[0].tobytes(), "peers differ"
     got = results[0]
-    if dtype not in EPS:                     # integers: exact, wrapping like torch
+    if dtype not in EPS:  # integers: exact, wrapping like torch
         stack = np.stack(inputs)
-        ref = {Op.SUM: lambda: stack.sum(axis=0, dtype=dtype), Op.PROD: lambda: stack.prod(axis=0, dtype=dtype),
-               Op.MIN: lambda: stack.min(axis=0), Op.MAX: lambda: stack.max(axis=0)}[op]()
+        ref = {
+            Op.SUM: lambda: stack.sum(axis=0, dtype=dtype),
+            Op.PROD: lambda: stack.prod(axis=0, dtype=dtype),
+            Op.MIN: lambda: stack.min(axis=0),
+            Op.MAX: lambda: stack.max(axis=0),
+        }[op]()
         np.testing.assert_array_equal(got, ref)
         return
     stack = np.stack([as_float(a, dtype) for a in inputs])
@@ -85,7 +91,7 @@ CASES = [(op, dtype) for op in Op for dtype in DTYPES if op is not Op.AVG or dty
 @pytest.mark.parametrize(("op", "dtype"), CASES, ids=[f"{o.name}-{d}" for o, d in CASES])
 def test_all_reduce_every_op_dtype_and_awkward_size(peers: list[engine.RingEngine], op: Op, dtype: str) -> None:
     n = len(peers)
-    for length in (1, n - 1, 10007):            # one element, fewer elements than peers, a prime
+    for length in (1, n - 1, 10007):  # one element, fewer elements than peers, a prime
         inputs = make_inputs(dtype, n=n, length=length, op=op, seed=length * 31 + n)
         check(run_all_reduce(peers, inputs, dtype=dtype, op=op), inputs, dtype=dtype, op=op)
 
@@ -99,7 +105,7 @@ def test_all_reduce_64_mib_float32(peers: list[engine.RingEngine]) -> None:
 def test_integer_avg_is_refused_before_sending(peers: list[engine.RingEngine]) -> None:
     with pytest.raises(ValueError, match="AVG"):
         peers[0].all_reduce(np.zeros(4, np.int32), op=Op.AVG, tag=next(_tags))
-    inputs = make_inputs("float32", n=len(peers), length=100, op=Op.SUM, seed=9)   # the ring still works
+    inputs = make_inputs("float32", n=len(peers), length=100, op=Op.SUM, seed=9)  # the ring still works
     check(run_all_reduce(peers, inputs, dtype="float32", op=Op.SUM), inputs, dtype="float32", op=Op.SUM)
 
 

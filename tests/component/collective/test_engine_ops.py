@@ -49,20 +49,22 @@ def test_reduce_scatter_gives_each_rank_its_block() -> None:
         work = [a.copy() for a in inputs]
         _engine_ring.each(peers, lambda e: e.reduce_scatter(work[e.rank], outs[e.rank], op=Op.SUM, tag=1))
         for r in range(n):
-            np.testing.assert_array_equal(outs[r], total[r * block:(r + 1) * block])
+            np.testing.assert_array_equal(outs[r], total[r * block : (r + 1) * block])
 
 
 def test_several_ops_in_flight_with_distinct_tags_and_two_connections() -> None:
     n, count = 3, 8
     with _engine_ring.ring(n, channels=2) as peers:
-        inputs = [[np.random.default_rng(100 * r + k).standard_normal(200_000 + k) for k in range(count)]
-                  for r in range(n)]
+        inputs = [
+            [np.random.default_rng(100 * r + k).standard_normal(200_000 + k) for k in range(count)] for r in range(n)
+        ]
         arrays = [[a.copy() for a in row] for row in inputs]
 
         def submit_all(e: engine.RingEngine) -> None:
             futures = [e.all_reduce_async(arrays[e.rank][k], op=Op.SUM, tag=1000 + k) for k in range(count)]
             for f in futures:
                 f.result(timeout=60)
+
         _engine_ring.each(peers, submit_all)
         for k in range(count):
             ref = np.sum([inputs[r][k] for r in range(n)], axis=0)
@@ -99,4 +101,4 @@ def test_barrier_and_bandwidth_probe() -> None:
         _engine_ring.each(peers, lambda e: e.barrier(tag=7))
         rates = peers[0].measure_bandwidth([e.address for e in peers[1:]], nbytes=4 << 20)
         assert set(rates) == {"p1", "p2"}
-        assert all(r > 1e6 for r in rates.values()), rates      # loopback moves far more than 1 MB/s
+        assert all(r > 1e6 for r in rates.values()), rates  # loopback moves far more than 1 MB/s

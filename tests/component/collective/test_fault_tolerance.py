@@ -13,9 +13,28 @@ from typing import Any
 
 def _kill_run(ringseed_cmd: list[str], timeout: float) -> dict[str, object]:
     done = subprocess.run(
-        [*ringseed_cmd, "local", "allreduce", "--peers", "3", "--size", "32Mi", "--kill-peer-at", "0.5",
-         "--heartbeat-interval", "0.25", "--heartbeat-timeout", str(timeout), "--iters", "1", "--json"],
-        capture_output=True, text=True, timeout=240)
+        [
+            *ringseed_cmd,
+            "local",
+            "allreduce",
+            "--peers",
+            "3",
+            "--size",
+            "32Mi",
+            "--kill-peer-at",
+            "0.5",
+            "--heartbeat-interval",
+            "0.25",
+            "--heartbeat-timeout",
+            str(timeout),
+            "--iters",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary: dict[str, object] = json.loads(done.stdout)
     return summary
@@ -127,16 +146,22 @@ def test_peer_dying_before_its_end_vote_aborts_at_once_not_after_the_heartbeat_t
             before = [a.copy() for a in arrays]
             works = [c.all_reduce(a) for c, a in zip(comms, arrays, strict=True)]
             assert ghost_done.wait(30)
-            time.sleep(0.3)                                   # the survivors now wait for the ghost's end vote
+            time.sleep(0.3)  # the survivors now wait for the ghost's end vote
             assert not any(w.done() for w in works)
-            parsed = urllib.parse.urlsplit(url)               # a held heartbeat, as a live peer always has one
+            parsed = urllib.parse.urlsplit(url)  # a held heartbeat, as a live peer always has one
             heartbeat.connect((parsed.hostname, parsed.port))
             body = json.dumps({"peer_id": "ghost", "abort_seq": 0, "wait": interval}).encode()
-            heartbeat.sendall(b"POST /v1/heartbeat HTTP/1.1\r\nHost: coordinator\r\nContent-Type: application/json\r\n"
-                              b"Authorization: Bearer " + h.TOKEN.encode() + b"\r\nContent-Length: "
-                              + str(len(body)).encode() + b"\r\n\r\n" + body)
+            heartbeat.sendall(
+                b"POST /v1/heartbeat HTTP/1.1\r\nHost: coordinator\r\nContent-Type: application/json\r\n"
+                b"Authorization: Bearer "
+                + h.TOKEN.encode()
+                + b"\r\nContent-Length: "
+                + str(len(body)).encode()
+                + b"\r\n\r\n"
+                + body
+            )
             time.sleep(0.2)
-            died = time.monotonic()                           # the ghost's process dies: the kernel closes all
+            died = time.monotonic()  # the ghost's process dies: the kernel closes all
             heartbeat.close()
             ghost_engine.close()
             for w in works:
@@ -170,16 +195,16 @@ def test_set_ring_stops_waiting_on_abort_and_on_a_refused_connection() -> None:
     from tests.component.collective import coordinator_helpers as h
 
     a = engine.RingEngine(peer_id="a", token=h.TOKEN)
-    b = engine.RingEngine(peer_id="b", token=h.TOKEN)           # listens, but never calls set_ring
+    b = engine.RingEngine(peer_id="b", token=h.TOKEN)  # listens, but never calls set_ring
     try:
         ring = [a.start(), b.start()]
         threading.Timer(0.3, a.abort, args=("the coordinator aborted the tag",)).start()
         start = time.monotonic()
         with pytest.raises(engine.CollectiveAborted, match="coordinator aborted"):
             a.set_ring(ring, epoch=1, timeout=20)
-        assert time.monotonic() - start < 10                     # not the 20 s setup timeout
+        assert time.monotonic() - start < 10  # not the 20 s setup timeout
 
-        with socket.socket() as s:                               # a port nobody listens on any more
+        with socket.socket() as s:  # a port nobody listens on any more
             s.bind(("127.0.0.1", 0))
             gone = engine.PeerAddress(peer_id="gone", host="127.0.0.1", port=s.getsockname()[1])
         start = time.monotonic()

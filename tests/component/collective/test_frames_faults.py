@@ -23,7 +23,7 @@ from ringseed.protocol import frames
 from tests.component.collective import _engine_ring
 
 TOKEN = _engine_ring.TOKEN
-LENGTH = 1000            # float32; with two peers rank 0 first receives elements [0, 500)
+LENGTH = 1000  # float32; with two peers rank 0 first receives elements [0, 500)
 
 
 class Fault(enum.Enum):
@@ -47,14 +47,16 @@ def bad_frame(fault: Fault, *, tag: int) -> bytes:
     if fault is Fault.OVERSIZE:
         return head[:-8] + struct.pack("<Q", 1 << 40)
     if fault is Fault.WRONG_TAG:
-        return frames.encode_header(frames.Header(kind=good.kind, dtype=good.dtype, tag=tag + 1, sequence=0,
-                                                  nbytes=good.nbytes))
+        return frames.encode_header(
+            frames.Header(kind=good.kind, dtype=good.dtype, tag=tag + 1, sequence=0, nbytes=good.nbytes)
+        )
     if fault is Fault.WRONG_DTYPE:
-        return frames.encode_header(frames.Header(kind=good.kind, dtype=frames.DType.I32, tag=tag, sequence=0,
-                                                  nbytes=good.nbytes))
+        return frames.encode_header(
+            frames.Header(kind=good.kind, dtype=frames.DType.I32, tag=tag, sequence=0, nbytes=good.nbytes)
+        )
     if fault is Fault.WRONG_LENGTH:
         return frames.encode_header(frames.Header(kind=good.kind, dtype=good.dtype, tag=tag, sequence=0, nbytes=16))
-    return head + b"\x01" * 100            # TRUNCATED / STALL_MID_FRAME: a header and part of the payload
+    return head + b"\x01" * 100  # TRUNCATED / STALL_MID_FRAME: a header and part of the payload
 
 
 class FakePeer:
@@ -71,8 +73,16 @@ class FakePeer:
         self.accepted.append(sock)
 
     def dial(self, real: engine.PeerAddress, *, epoch: int) -> socket.socket:
-        self.out = transport.dial(host=real.host, port=real.port, token=TOKEN, peer_id="fake", epoch=epoch,
-                                  purpose=frames.Purpose.RING, channel=0, io_timeout=5)
+        self.out = transport.dial(
+            host=real.host,
+            port=real.port,
+            token=TOKEN,
+            peer_id="fake",
+            epoch=epoch,
+            purpose=frames.Purpose.RING,
+            channel=0,
+            io_timeout=5,
+        )
         return self.out
 
     def close(self) -> None:
@@ -110,8 +120,8 @@ def test_malformed_or_stalled_frame_aborts_cleanly(pair: tuple[engine.RingEngine
     with pytest.raises(engine.CollectiveAborted, match=fault.value):
         future.result(timeout=30)
     assert time.monotonic() - start < 15, "the abort took far longer than the 1.5 s I/O timeout"
-    np.testing.assert_array_equal(array, original)          # nothing of the bad frame was written
-    with pytest.raises(engine.CollectiveAborted):            # the engine stays aborted until set_ring
+    np.testing.assert_array_equal(array, original)  # nothing of the bad frame was written
+    with pytest.raises(engine.CollectiveAborted):  # the engine stays aborted until set_ring
         real.all_reduce(array, op=engine.ReduceOp.SUM, tag=6)
     recovered_ring_works(real)
 
@@ -135,8 +145,16 @@ def test_wrong_token_is_refused_and_the_listener_keeps_serving() -> None:
     try:
         address = real.start()
         with pytest.raises(frames.FrameError, match="wrong group token"):
-            transport.dial(host=address.host, port=address.port, token="not-the-token", peer_id="intruder",
-                           epoch=1, purpose=frames.Purpose.RING, channel=0, io_timeout=5)
+            transport.dial(
+                host=address.host,
+                port=address.port,
+                token="not-the-token",
+                peer_id="intruder",
+                epoch=1,
+                purpose=frames.Purpose.RING,
+                channel=0,
+                io_timeout=5,
+            )
         assert real.rejected_connections == 1
         impostor = engine.RingEngine(peer_id="impostor", token="not-the-token", io_timeout=5)
         try:
@@ -154,14 +172,22 @@ def test_stale_epoch_is_refused() -> None:
     with _engine_ring.ring(2, epoch=5) as peers:
         target = peers[0].address
         with pytest.raises(frames.FrameError, match="stale epoch 4"):
-            transport.dial(host=target.host, port=target.port, token=TOKEN, peer_id="p1", epoch=4,
-                           purpose=frames.Purpose.RING, channel=0, io_timeout=5)
+            transport.dial(
+                host=target.host,
+                port=target.port,
+                token=TOKEN,
+                peer_id="p1",
+                epoch=4,
+                purpose=frames.Purpose.RING,
+                channel=0,
+                io_timeout=5,
+            )
 
 
 def test_abort_from_another_thread_ends_the_op_fast_and_set_ring_clears_it() -> None:
     with _engine_ring.ring(2, io_timeout=60) as peers:
         array = np.ones(LENGTH, np.float32)
-        future = peers[0].all_reduce_async(array, op=engine.ReduceOp.SUM, tag=1)   # the peer never joins
+        future = peers[0].all_reduce_async(array, op=engine.ReduceOp.SUM, tag=1)  # the peer never joins
         time.sleep(0.2)
         start = time.monotonic()
         threading.Thread(target=peers[0].abort, args=("vote lost",)).start()
@@ -180,7 +206,7 @@ def test_peer_that_dies_mid_op_aborts_the_survivor() -> None:
         arrays = [np.ones(4 << 20, np.float32) for _ in peers]
         futures = [e.all_reduce_async(arrays[e.rank], op=engine.ReduceOp.SUM, tag=1) for e in peers[:2]]
         time.sleep(0.2)
-        peers[2].close()                                   # p2 never took part and now goes away
+        peers[2].close()  # p2 never took part and now goes away
         for f in futures:
             with pytest.raises(engine.CollectiveAborted):
                 f.result(timeout=30)

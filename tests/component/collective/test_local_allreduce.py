@@ -20,10 +20,24 @@ def _run(cmd: list[str], *args: str, timeout: float = 240) -> subprocess.Complet
         (4, "float32", "avg", ["--quantize", "int8"]),
     ],
 )
-def test_result_matches_the_reference(ringseed_cmd: list[str], peers: int, dtype: str, op: str,
-                                      extra: list[str]) -> None:
-    done = _run(ringseed_cmd, "--peers", str(peers), "--size", "1Mi", "--dtype", dtype, "--op", op,
-                "--iters", "2", "--json", *extra)
+def test_result_matches_the_reference(
+    ringseed_cmd: list[str], peers: int, dtype: str, op: str, extra: list[str]
+) -> None:
+    done = _run(
+        ringseed_cmd,
+        "--peers",
+        str(peers),
+        "--size",
+        "1Mi",
+        "--dtype",
+        dtype,
+        "--op",
+        op,
+        "--iters",
+        "2",
+        "--json",
+        *extra,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     assert summary["ok"] is True and summary["world_size"] == peers
@@ -44,8 +58,15 @@ def test_human_output_names_bandwidths(ringseed_cmd: list[str]) -> None:
     assert "algbw" in done.stdout and "busbw" in done.stdout and "OK" in done.stdout
 
 
-@pytest.mark.parametrize("args", [["--size", "3", "--dtype", "float32"], ["--peers", "0"],
-                                  ["--dtype", "int32", "--quantize", "int8"], ["--peers", "1", "--kill-peer-at", "1"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--size", "3", "--dtype", "float32"],
+        ["--peers", "0"],
+        ["--dtype", "int32", "--quantize", "int8"],
+        ["--peers", "1", "--kill-peer-at", "1"],
+    ],
+)
 def test_impossible_arguments_exit_2(ringseed_cmd: list[str], args: list[str]) -> None:
     done = _run(ringseed_cmd, *args, timeout=60)
     assert done.returncode == 2 and "ringseed local allreduce:" in done.stderr

@@ -27,10 +27,17 @@ def inputs(rank: int, dtype: torch.dtype, n: int = 1001) -> torch.Tensor:
 
 def check_collectives(rank: int, out_dir: Path) -> None:
     R = dist.ReduceOp
-    stacks = {dt: torch.stack([inputs(r, dt).double() for r in range(WORLD)])
-              for dt in (torch.float32, torch.bfloat16, torch.float16, torch.int64)}
-    refs = {R.SUM: lambda s: s.sum(0), R.MAX: lambda s: s.max(0).values, R.MIN: lambda s: s.min(0).values,
-            R.PRODUCT: lambda s: s.prod(0), R.AVG: lambda s: s.mean(0)}
+    stacks = {
+        dt: torch.stack([inputs(r, dt).double() for r in range(WORLD)])
+        for dt in (torch.float32, torch.bfloat16, torch.float16, torch.int64)
+    }
+    refs = {
+        R.SUM: lambda s: s.sum(0),
+        R.MAX: lambda s: s.max(0).values,
+        R.MIN: lambda s: s.min(0).values,
+        R.PRODUCT: lambda s: s.prod(0),
+        R.AVG: lambda s: s.mean(0),
+    }
     for dt, stack in stacks.items():
         for op, ref in refs.items():
             if op == R.AVG and not dt.is_floating_point:
@@ -39,7 +46,7 @@ def check_collectives(rank: int, out_dir: Path) -> None:
             dist.all_reduce(t, op=op)
             tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3, torch.int64: 0}[dt]
             torch.testing.assert_close(t.double(), ref(stack), rtol=tol, atol=tol, msg=f"{dt} {op}")
-    matrix = torch.arange(12.0).reshape(3, 4).t()               # non-contiguous
+    matrix = torch.arange(12.0).reshape(3, 4).t()  # non-contiguous
     dist.all_reduce(matrix)
     torch.testing.assert_close(matrix, torch.arange(12.0).reshape(3, 4).t() * WORLD)
     b = torch.full((5,), float(rank))
@@ -53,10 +60,10 @@ def check_collectives(rank: int, out_dir: Path) -> None:
     assert flat.tolist() == [0, 0.5, 1, 1.5, 2, 2.5]
     single = torch.empty(2)
     dist.reduce_scatter_single(single, torch.arange(WORLD * 2.0) + rank, op=dist.ReduceOp.AVG)
-    assert single.tolist() == [2 * rank + 1.0, 2 * rank + 2.0]    # mean over sources of (index + source)
+    assert single.tolist() == [2 * rank + 1.0, 2 * rank + 2.0]  # mean over sources of (index + source)
     out = torch.empty(2, dtype=torch.int64)
     dist.reduce_scatter(out, [torch.full((2,), r + 10 * rank, dtype=torch.int64) for r in range(WORLD)])
-    assert out.tolist() == [rank * WORLD + 30] * 2                 # sum over ranks of (rank_index + 10 * source)
+    assert out.tolist() == [rank * WORLD + 30] * 2  # sum over ranks of (rank_index + 10 * source)
     works = [dist.all_reduce(torch.ones(100_000) * k, async_op=True) for k in range(4)]
     for w in works:
         w.wait()
@@ -80,6 +87,7 @@ def check_cuda(rank: int, out_dir: Path) -> None:
 
 def worker(rank: int, store_path: str, result_dir: str, job: str) -> None:
     import ringseed.collective.torch_backend  # noqa: F401  (registers the backend)
+
     status = "ok"
     try:
         dist.init_process_group("ringseed", init_method=f"file://{store_path}", rank=rank, world_size=WORLD)
@@ -108,6 +116,7 @@ def spawn(job: str, tmp_path: Path) -> None:
 
 def train_ddp(rank: int, out_dir: Path) -> None:
     from tests.component.collective import _ddp_model
+
     model = torch.nn.parallel.DistributedDataParallel(_ddp_model.make_model())
     params = _ddp_model.train(model, rank=rank, world=WORLD)
     torch.save(params, out_dir / f"params{rank}.pt")
@@ -126,13 +135,21 @@ def test_torch_reducer_path_matches_numpy(op: engine.ReduceOp) -> None:
             ts = [s.to(dtype) for s in source]
             stack = torch.stack([t.double() for t in ts])
             staged = [tensors.stage(t, device_reduce=True) for t in ts]
-            _engine_ring.each(peers, lambda e, st=staged: e.all_reduce(
-                st[e.rank].array, op=op, tag=1, bfloat16=st[e.rank].bfloat16, reducer=st[e.rank].reducer))
+            _engine_ring.each(
+                peers,
+                lambda e, st=staged: e.all_reduce(
+                    st[e.rank].array, op=op, tag=1, bfloat16=st[e.rank].bfloat16, reducer=st[e.rank].reducer
+                ),
+            )
             for s in staged:
                 s.finish()
-            ref = {engine.ReduceOp.SUM: stack.sum(0), engine.ReduceOp.AVG: stack.mean(0),
-                   engine.ReduceOp.MIN: stack.min(0).values, engine.ReduceOp.MAX: stack.max(0).values,
-                   engine.ReduceOp.PROD: stack.prod(0)}[op]
+            ref = {
+                engine.ReduceOp.SUM: stack.sum(0),
+                engine.ReduceOp.AVG: stack.mean(0),
+                engine.ReduceOp.MIN: stack.min(0).values,
+                engine.ReduceOp.MAX: stack.max(0).values,
+                engine.ReduceOp.PROD: stack.prod(0),
+            }[op]
             tol = 1e-5 if dtype == torch.float32 else 3e-2
             for t in ts:
                 assert torch.equal(t, ts[0])

@@ -87,9 +87,7 @@ def test_s3_origin_on_moto(tmp_path: Path, moto_env: str, swarm_factory: Callabl
     assert_copies(local, expected)
 
 
-def test_published_manifest_supplies_every_hash(
-    tmp_path: Path, swarm_factory: Callable[..., swarm.LocalSwarm]
-) -> None:
+def test_published_manifest_supplies_every_hash(tmp_path: Path, swarm_factory: Callable[..., swarm.LocalSwarm]) -> None:
     root = make_model(tmp_path / "model", odd_sizes(8, files=3))
     expected = source_manifest(root, chunk_size=MiB)
     published = tmp_path / "manifest.json"

@@ -37,8 +37,11 @@ def test_malformed_header_is_refused_with_reason(mutate: object, message: str) -
 
 def test_encode_refuses_oversize() -> None:
     with pytest.raises(frames.FrameError, match="exceeds"):
-        frames.encode_header(frames.Header(kind=frames.Kind.DATA, dtype=frames.DType.U8, tag=0, sequence=0,
-                                           nbytes=frames.MAX_FRAME_BYTES + 1))
+        frames.encode_header(
+            frames.Header(
+                kind=frames.Kind.DATA, dtype=frames.DType.U8, tag=0, sequence=0, nbytes=frames.MAX_FRAME_BYTES + 1
+            )
+        )
 
 
 @pytest.mark.parametrize(
@@ -52,8 +55,13 @@ def test_encode_refuses_oversize() -> None:
     ],
 )
 def test_expectation_mismatch_names_the_field(field: str, kwargs: dict[str, object]) -> None:
-    want: dict[str, object] = {"kind": HEADER.kind, "tag": HEADER.tag, "sequence": HEADER.sequence,
-                               "dtype": HEADER.dtype, "nbytes": HEADER.nbytes}
+    want: dict[str, object] = {
+        "kind": HEADER.kind,
+        "tag": HEADER.tag,
+        "sequence": HEADER.sequence,
+        "dtype": HEADER.dtype,
+        "nbytes": HEADER.nbytes,
+    }
     frames.check_expected(HEADER, **want)  # type: ignore[arg-type]
     with pytest.raises(frames.FrameError, match=f"{field} mismatch"):
         frames.check_expected(HEADER, **{**want, **kwargs})  # type: ignore[arg-type]
@@ -62,9 +70,16 @@ def test_expectation_mismatch_names_the_field(field: str, kwargs: dict[str, obje
 def handshake(*, dialer_token: str, listener_token: str) -> frames.Hello:
     challenge = frames.decode_challenge(frames.encode_challenge(os.urandom(frames.NONCE_BYTES)))
     nonce = os.urandom(frames.NONCE_BYTES)
-    hello = frames.make_hello(token=dialer_token, challenge=challenge, peer_id="node-ä", epoch=7,
-                              purpose=frames.Purpose.RING, channel=2, nonce=nonce)
-    fixed, pid = hello[: frames.HELLO_FIXED_BYTES], hello[frames.HELLO_FIXED_BYTES:]
+    hello = frames.make_hello(
+        token=dialer_token,
+        challenge=challenge,
+        peer_id="node-ä",
+        epoch=7,
+        purpose=frames.Purpose.RING,
+        channel=2,
+        nonce=nonce,
+    )
+    fixed, pid = hello[: frames.HELLO_FIXED_BYTES], hello[frames.HELLO_FIXED_BYTES :]
     got = frames.verify_hello(token=listener_token, challenge=challenge, fixed=fixed, peer_id_bytes=pid)
     reply = frames.make_reply(token=listener_token, hello_nonce=got.nonce)
     status, mac, n = frames.decode_reply_fixed(reply[: frames.REPLY_FIXED_BYTES])
@@ -84,11 +99,16 @@ def test_wrong_token_fails_the_handshake() -> None:
 
 def test_hello_for_another_challenge_is_refused() -> None:
     nonce = os.urandom(frames.NONCE_BYTES)
-    hello = frames.make_hello(token="t", challenge=b"a" * 16, peer_id="p", epoch=1, purpose=frames.Purpose.RING,
-                              channel=0, nonce=nonce)
-    with pytest.raises(frames.FrameError, match="wrong group token"):       # a replayed hello
-        frames.verify_hello(token="t", challenge=b"b" * 16, fixed=hello[: frames.HELLO_FIXED_BYTES],
-                            peer_id_bytes=hello[frames.HELLO_FIXED_BYTES:])
+    hello = frames.make_hello(
+        token="t", challenge=b"a" * 16, peer_id="p", epoch=1, purpose=frames.Purpose.RING, channel=0, nonce=nonce
+    )
+    with pytest.raises(frames.FrameError, match="wrong group token"):  # a replayed hello
+        frames.verify_hello(
+            token="t",
+            challenge=b"b" * 16,
+            fixed=hello[: frames.HELLO_FIXED_BYTES],
+            peer_id_bytes=hello[frames.HELLO_FIXED_BYTES :],
+        )
 
 
 def test_reject_reply_carries_the_reason() -> None:

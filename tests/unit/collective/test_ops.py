@@ -45,7 +45,7 @@ def test_bf16_narrowing_rounds_to_nearest_even_and_keeps_nan() -> None:
 def test_bf16_sum_in_float32_then_rounded() -> None:
     a = ops.f32_to_bf16(np.array([1.0, 256.0], np.float32))
     ops.combine(a, ops.f32_to_bf16(np.array([2.0**-9, 1.0], np.float32)), op=Op.SUM, dtype=frames.DType.BF16)
-    np.testing.assert_array_equal(ops.bf16_to_f32(a), np.array([1.0, 256.0], np.float32))   # both round away
+    np.testing.assert_array_equal(ops.bf16_to_f32(a), np.array([1.0, 256.0], np.float32))  # both round away
 
 
 def test_divide_half_precision() -> None:

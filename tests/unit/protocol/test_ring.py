@@ -62,8 +62,10 @@ def test_reduce_scatter_leaves_the_owned_chunk_reduced(world: int) -> None:
     bufs = [d.copy() for d in data]
     bounds = ring.chunk_bounds(length, world)
     for s in range(world - 1):
-        sent = [bufs[r][slice(*bounds[ring.reduce_scatter_steps(rank=r, world=world)[s].send_chunk])].copy()
-                for r in range(world)]
+        sent = [
+            bufs[r][slice(*bounds[ring.reduce_scatter_steps(rank=r, world=world)[s].send_chunk])].copy()
+            for r in range(world)
+        ]
         for r in range(world):
             step = ring.reduce_scatter_steps(rank=r, world=world)[s]
             bufs[r][slice(*bounds[step.recv_chunk])] += sent[(r - 1) % world]

@@ -3,11 +3,12 @@
 Owns every string the operator, the chart and the CRDs must agree on. Pure constants, no I/O.
 
 Rules: a value here is part of the API; change it only together with ``crds/`` and the chart.
-The chunk-size bounds mirror ``ringseed.protocol.manifest`` (api/ may not import protocol/;
-a unit test keeps the two equal).
+The chunk-size bounds are ``ringseed.protocol.manifest``'s (api/ sits above protocol/).
 """
 
 from __future__ import annotations
+
+from ringseed.protocol import manifest
 
 GROUP = "ringseed.io"
 VERSION = "v1alpha1"
@@ -56,10 +57,10 @@ RUNTIME_DIR = "/opt/ringseed"
 MODEL_MOUNT_ROOT = "/models"
 RUNTIME_UID = 10001
 
-# Bounds (chunk bounds equal ringseed.protocol.manifest's).
-MIN_CHUNK_SIZE = 1 << 20
-MAX_CHUNK_SIZE = 1 << 30
-DEFAULT_CHUNK_SIZE = 64 << 20
+# Bounds (the CRDs state the chunk bounds too; a unit test keeps them equal).
+MIN_CHUNK_SIZE = manifest.MIN_CHUNK_SIZE
+MAX_CHUNK_SIZE = manifest.MAX_CHUNK_SIZE
+DEFAULT_CHUNK_SIZE = manifest.DEFAULT_CHUNK_SIZE
 MIN_SEEDERS = 1
 MAX_SEEDERS = 64
 DEFAULT_SEEDERS = 1

@@ -17,7 +17,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ringseed.api import constants, quantity, types
+from ringseed.api import constants, types
+from ringseed.protocol import units
 
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -245,7 +246,7 @@ def _tolerations(value: object) -> tuple[dict[str, Any], ...]:
 
 def _bytes(value: object, field: str, *, low: int = 0, high: int | None = None) -> int:
     try:
-        result = quantity.parse_bytes(value)
+        result = units.parse_size(value, syntax=units.Syntax.QUANTITY)
     except ValueError as exc:
         raise SpecError(field, str(exc)) from None
     if result < low or (high is not None and result > high):

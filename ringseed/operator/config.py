@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ringseed
-from ringseed.api import constants, quantity
+from ringseed.api import constants
+from ringseed.protocol import units
 
 DEFAULT_MASTER_RESOURCES: dict[str, Any] = {
     "requests": {"cpu": "100m", "memory": "128Mi"},
@@ -106,6 +107,10 @@ def _resources(text: str) -> dict[str, Any]:
     return value
 
 
+def _bytes(text: str) -> int:
+    return units.parse_size(text, syntax=units.Syntax.QUANTITY)
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -131,7 +136,7 @@ _VARIABLES: dict[str, tuple[str, Any]] = {
     "RINGSEED_DATA_ROOT": ("data_root", _data_root),
     "RINGSEED_MASTER_RESOURCES": ("master_resources", _resources),
     "RINGSEED_AGENT_RESOURCES": ("agent_resources", _resources),
-    "RINGSEED_AGENT_MEMORY_BYTES": ("agent_memory_bytes", quantity.parse_bytes),
+    "RINGSEED_AGENT_MEMORY_BYTES": ("agent_memory_bytes", _bytes),
     "RINGSEED_HEARTBEAT_SECONDS": ("heartbeat_seconds", _positive_int),
     "RINGSEED_OFFLINE_AFTER_SECONDS": ("offline_after_seconds", _positive_int),
     "RINGSEED_STATUS_INTERVAL_SECONDS": ("status_interval_seconds", _positive_float),

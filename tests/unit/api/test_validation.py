@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from ringseed.api import constants, types, validation
-from ringseed.protocol import manifest
 
 DIGEST = "ab" * 32
 
@@ -92,6 +91,7 @@ def test_every_source_scheme_is_accepted(uri: str) -> None:
         (md_spec(chunkSize="2Gi"), "spec.chunkSize"),
         (md_spec(chunkSize="64MB"), "spec.chunkSize"),
         (md_spec(chunkSize="1.3Mi"), "spec.chunkSize"),
+        (md_spec(chunkSize="500m"), "spec.chunkSize"),
         (md_spec(chunkSize=True), "spec.chunkSize"),
         (md_spec(nodeSelector={"gpu": 1}), "spec.nodeSelector.gpu"),
         (md_spec(nodeSelector={"bad key!": "x"}), "spec.nodeSelector.bad key!"),
@@ -199,9 +199,8 @@ def test_rejected_training_group_names_its_field(spec: dict[str, Any], field: st
     assert info.value.field == field
 
 
-def test_api_chunk_bounds_equal_the_manifest_bounds() -> None:
-    assert (constants.MIN_CHUNK_SIZE, constants.MAX_CHUNK_SIZE, constants.DEFAULT_CHUNK_SIZE) == (
-        manifest.MIN_CHUNK_SIZE,
-        manifest.MAX_CHUNK_SIZE,
-        manifest.DEFAULT_CHUNK_SIZE,
-    )
+def test_a_size_in_m_is_refused_with_the_two_readings_named() -> None:
+    with pytest.raises(validation.SpecError) as info:
+        validation.parse_model_distribution(md_spec(originRateLimit="500m"))
+    assert info.value.field == "spec.originRateLimit"
+    assert "write 500M" in info.value.problem and "500Mi" in info.value.problem

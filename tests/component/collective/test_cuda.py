@@ -26,7 +26,7 @@ CASES = [
 def test_gpu_tensors_all_reduce_on_the_gpu(op: engine.ReduceOp, dtype: torch.dtype) -> None:
     n = 3
     with _engine_ring.ring(n) as peers:
-        cpu = [torch.arange(300_007, dtype=torch.float64).remainder(97 + r).to(dtype) for r in range(n)]
+        cpu = [torch.arange(7 * 42_859, dtype=torch.float64).remainder(97 + r).to(dtype) for r in range(n)]
         gpu = [t.to("cuda").reshape(7, -1)[:, :-1] for t in cpu]  # non-contiguous views on the GPU
         expect_src = torch.stack([t.reshape(7, -1)[:, :-1].double() for t in cpu])
         ref = {

@@ -38,9 +38,8 @@ def _register_activities(*, registry: kopf.OperatorRegistry) -> None:
     def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
         return _rt(memo).login()
 
-    @kopf.on.cleanup(registry=registry)
-    async def close(memo: Any, **_: Any) -> None:
-        await _rt(memo).close()
+    # No cleanup activity closes the runtime's sessions: kopf runs it while cancelled timers and
+    # handlers may still be finishing a request. ``command.operate`` closes them after kopf is done.
 
 
 def _register_distributions(*, registry: kopf.OperatorRegistry, interval: float) -> None:

@@ -67,8 +67,11 @@ class Reader:
     def __init__(self, *, timeout: float = 3.0) -> None:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     async def status(self, *, url: str, token: str | None) -> dict[str, Any]:
+        if self._closed:
+            raise MasterError(f"{url}: not asked, the operator is stopping")
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -85,6 +88,7 @@ class Reader:
         return body
 
     async def close(self) -> None:
+        self._closed = True
         if self._session is not None:
             await self._session.close()
             self._session = None

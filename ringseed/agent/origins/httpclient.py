@@ -6,19 +6,26 @@ Rules:
 - Transient (retried with :class:`~ringseed.agent.origins.base.RetryPolicy` backoff): HTTP 5xx,
   408, 429 (``Retry-After`` honoured up to the policy's max delay), connection refused or reset,
   timeouts, and bodies that end early. Permanent (:class:`OriginError` naming URL and status):
-  any other 4xx, a server that ignores ``Range`` for an offset > 0, a ``Content-Range`` that does
-  not match the request, a file shorter than the range asked for.
+  any other 4xx, a ``Content-Range`` that does not match the request, a file shorter than the
+  range asked for.
 - A range read resumes from the last byte received: a reset after 3 MiB of 4 asks only for the
   missing 1 MiB. A retry that made progress does not use up the retry budget.
 - ``bytes_read`` counts file data actually received by range reads (partial attempts included;
   listings and HEADs are not counted). ``retries`` counts retried attempts. Data passes the
   origin's rate limiter as it arrives.
+- A server that ignores ``Range`` (``200`` and the whole object, as Python's ``http.server``
+  does) switches the client to whole-object streaming for good (``ranges_ignored``): one plain
+  GET per file, read in order and kept open between reads, so reads in file order (as chunk
+  pulls come) cost about one pass over the object; a read behind the stream's position starts
+  the object again and skips ahead. Skipped bytes count as read (they crossed the wire). A
+  broken stream is reopened under the same retry rules as a range read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
@@ -28,6 +35,7 @@ from yarl import URL
 
 from ringseed.agent.origins import base
 
+log = logging.getLogger(__name__)
 Signer = Callable[[str, str, dict[str, str]], Awaitable[dict[str, str]]]
 T = TypeVar("T")
 
@@ -43,17 +51,25 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
+class StatusError(base.OriginError):
+    """A permanent HTTP error status (4xx other than 408/429); ``status`` is the code."""
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 async def check_status(resp: aiohttp.ClientResponse, url: str) -> None:
-    """Raise TransientError or OriginError for an error status; return for 2xx."""
+    """Raise TransientError or StatusError (an OriginError) for an error status; return for 2xx."""
     if resp.status < 300:
         return
     if resp.status in (408, 429) or resp.status >= 500:
         raise base.TransientError(
             f"{url}: HTTP {resp.status} {resp.reason}", retry_after=_retry_after(resp.headers.get("Retry-After"))
         )
-    snippet = (await resp.content.read(300)).decode("utf-8", "replace").strip()
+    snippet = " ".join((await resp.content.read(300)).decode("utf-8", "replace").split())
     detail = f": {snippet}" if snippet else ""
-    raise base.OriginError(f"{url}: HTTP {resp.status} {resp.reason}{detail}")
+    raise StatusError(f"{url}: HTTP {resp.status} {resp.reason}{detail}", status=resp.status)
 
 
 def check_content_range(value: str | None, *, url: str, start: int, end: int) -> None:
@@ -75,6 +91,20 @@ class _RangeBroken(Exception):
         super().__init__(str(cause))
         self.cause = cause
         self.done = done
+
+
+class _RangeIgnored(Exception):
+    """The server answered a ranged GET with the whole object."""
+
+
+class _Cursor:
+    """An open plain GET of a whole object and how far it has been read."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self.resp = resp
+        self.pos = 0
+        length = resp.headers.get("Content-Length")
+        self.size = int(length) if length is not None and length.isdigit() else None
 
 
 class HTTPClient:
@@ -99,19 +129,29 @@ class HTTPClient:
         self._headers = {"Accept-Encoding": "identity", **(headers or {})}
         self._sign = sign
         self._session: aiohttp.ClientSession | None = None
+        self.ranges_ignored = False  # the server answered a Range request with the whole object
+        self._cursors: dict[str, _Cursor] = {}
+        self._cursor_locks: dict[str, asyncio.Lock] = {}
+
+    async def _send(self, method: str, url: str, headers: dict[str, str] | None = None) -> aiohttp.ClientResponse:
+        """One signed request, URL sent as given; the caller releases the response."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout, auto_decompress=False)
+        all_headers = {**self._headers, **(headers or {})}
+        if self._sign is not None:
+            all_headers = await self._sign(method, url, all_headers)
+        return await self._session.request(method, URL(url, encoded=True), headers=all_headers)
 
     @contextlib.asynccontextmanager
     async def request(
         self, method: str, url: str, headers: dict[str, str] | None = None
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """One signed request, URL sent as given."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout, auto_decompress=False)
-        all_headers = {**self._headers, **(headers or {})}
-        if self._sign is not None:
-            all_headers = await self._sign(method, url, all_headers)
-        async with self._session.request(method, URL(url, encoded=True), headers=all_headers) as resp:
+        resp = await self._send(method, url, headers)
+        try:
             yield resp
+        finally:
+            resp.release()
 
     async def _wait(self, failures: int, exc: BaseException, url: str) -> None:
         if failures > self._policy.retries:
@@ -178,6 +218,9 @@ class HTTPClient:
         done = 0
         failures = 0
         while done < length:
+            if self.ranges_ignored:
+                await self._stream_into(url, offset=offset + done, view=view[done:], reported=done, progress=progress)
+                return
             before = done
             try:
                 done = await self._range_attempt(
@@ -190,6 +233,10 @@ class HTTPClient:
                 done = broken.done
                 failures = 1 if done > before else failures + 1
                 await self._wait(failures, broken.cause, url)
+            except _RangeIgnored:
+                if not self.ranges_ignored:
+                    log.warning("%s ignores Range requests; streaming whole objects in order instead", url)
+                self.ranges_ignored = True
 
     async def _range_attempt(
         self, url: str, *, start: int, end: int, view: memoryview, done: int, progress: Callable[[int], None] | None
@@ -201,10 +248,12 @@ class HTTPClient:
                 await check_status(resp, url)
                 if resp.status == 206:
                     check_content_range(resp.headers.get("Content-Range"), url=url, start=first, end=end)
-                elif resp.status != 200 or first != 0:
-                    raise base.OriginError(
-                        f"{url}: server answered {resp.status} to a Range request (Range is required)"
-                    )
+                elif resp.status != 200:
+                    raise base.OriginError(f"{url}: server answered {resp.status} to a Range request")
+                elif first != 0:
+                    raise _RangeIgnored()
+                else:
+                    self.ranges_ignored = True  # the rest of this read is fine; later ones stream
                 async for data in resp.content.iter_chunked(_STEP):
                     take = min(len(data), len(view) - done)
                     view[done : done + take] = data[:take]
@@ -219,7 +268,90 @@ class HTTPClient:
             raise _RangeBroken(exc, done=done) from exc
         return done
 
+    async def _stream_into(
+        self, url: str, *, offset: int, view: memoryview, reported: int, progress: Callable[[int], None] | None
+    ) -> None:
+        """Fill ``view`` from ``offset`` of a whole-object stream (a server that ignores Range).
+
+        Reads of one URL take turns; ``progress(reported + done)`` as bytes land.
+        """
+        async with self._cursor_locks.setdefault(url, asyncio.Lock()):
+            done = 0
+            failures = 0
+            while done < len(view):
+                before = done
+                try:
+                    done = await self._stream_attempt(
+                        url, offset=offset, view=view, done=done, reported=reported, progress=progress
+                    )
+                except _RangeBroken as broken:
+                    self._drop_cursor(url)
+                    done = broken.done
+                    failures = 1 if done > before else failures + 1
+                    await self._wait(failures, broken.cause, url)
+
+    async def _open_cursor(self, url: str, *, at: int) -> _Cursor:
+        cursor = self._cursors.get(url)
+        if cursor is not None and cursor.pos <= at:
+            return cursor
+        self._drop_cursor(url)
+        resp = await self._send("GET", url)
+        try:
+            await check_status(resp, url)
+        except BaseException:
+            resp.release()
+            raise
+        cursor = self._cursors[url] = _Cursor(resp)
+        return cursor
+
+    def _drop_cursor(self, url: str) -> None:
+        cursor = self._cursors.pop(url, None)
+        if cursor is not None:
+            cursor.resp.close()
+
+    async def _stream_attempt(
+        self,
+        url: str,
+        *,
+        offset: int,
+        view: memoryview,
+        done: int,
+        reported: int,
+        progress: Callable[[int], None] | None,
+    ) -> int:
+        """Skip the open stream to ``offset + done`` and read into ``view[done:]``; returns the new ``done``."""
+        try:
+            cursor = await self._open_cursor(url, at=offset + done)
+            if cursor.size is not None and cursor.size < offset + len(view):
+                raise base.OriginError(f"{url}: file has {cursor.size} bytes, the read needs {offset + len(view)}")
+            while cursor.pos < offset + done:
+                skipped = await self._next(cursor, url, limit=offset + done - cursor.pos)
+                cursor.pos += len(skipped)
+            while done < len(view):
+                data = await self._next(cursor, url, limit=len(view) - done)
+                view[done : done + len(data)] = data
+                done += len(data)
+                cursor.pos += len(data)
+                if progress is not None:
+                    progress(reported + done)
+            if cursor.size is not None and cursor.pos >= cursor.size:
+                self._drop_cursor(url)
+        except (base.TransientError, *_TRANSIENT_EXC) as exc:
+            raise _RangeBroken(exc, done=done) from exc
+        return done
+
+    async def _next(self, cursor: _Cursor, url: str, *, limit: int) -> bytes:
+        """Up to ``limit`` (at most one step) more bytes of the stream, through the rate limit."""
+        data = await cursor.resp.content.read(min(_STEP, limit))
+        if not data:
+            raise base.TransientError(f"{url}: body ended after {cursor.pos} bytes")
+        self.bytes_read += len(data)
+        await self._limiter.acquire(len(data))
+        return data
+
     async def close(self) -> None:
+        for url in list(self._cursors):
+            self._drop_cursor(url)
         if self._session is not None:
             await self._session.close()
             self._session = None

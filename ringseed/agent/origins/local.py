@@ -8,7 +8,12 @@ Rules:
   the link's name (both names appear when both are in the tree). A link that leaves the root, a
   dangling link, a link to a directory and anything that is not a regular file (fifo, socket,
   device) is rejected with :class:`OriginError` naming the path. Directory links are rejected
-  because following them can loop or duplicate whole trees.
+  because following them can loop or duplicate whole trees; a link loop is rejected naming it.
+- Hugging Face hub cache: a source that is a snapshot folder
+  (``<cache>/models--org--name/snapshots/<revision>``, next to ``blobs/``), whose files are
+  symlinks to ``../../blobs/<hash>``, may follow links anywhere inside that model's cache
+  folder (``models--org--name``, also ``datasets--``/``spaces--``); links leaving it are still
+  rejected. Files keep their names in the snapshot (``config.json``, not the blob hash).
 - Modes keep the permission bits (``st_mode & 0o777``) of the file (the link's target).
 - Reads run in a worker thread (``os.pread``) and pass through the origin's rate limit.
 """
@@ -38,6 +43,18 @@ def path_of(uri: str) -> Path:
     return Path(uri)
 
 
+HUB_KINDS = ("models--", "datasets--", "spaces--")
+
+
+def hub_repo_folder(root: Path) -> Path | None:
+    """The repository folder of a Hugging Face hub cache snapshot ``root``, or None if it is not one."""
+    snapshots = root.parent
+    repo = snapshots.parent
+    if snapshots.name == "snapshots" and repo.name.startswith(HUB_KINDS) and (repo / "blobs").is_dir():
+        return repo
+    return None
+
+
 class FileOrigin:
     """Reads files below a local root (a directory) or one file."""
 
@@ -47,7 +64,12 @@ class FileOrigin:
         self._limiter = limiter
         self._given = path_of(uri)
         self._single = self._given.is_file()
-        self._root = (self._given.parent if self._single else self._given).resolve()
+        try:
+            self._root = (self._given.parent if self._single else self._given).resolve()
+        except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+            raise base.OriginError(f"{uri}: cannot be resolved ({exc})") from exc
+        hub = None if self._single else hub_repo_folder(self._root)
+        self._allowed = hub if hub is not None else self._root  # where links may point
 
     async def list_files(self) -> list[tuple[str, int, int]]:
         return await asyncio.to_thread(self._list_sync)
@@ -76,9 +98,13 @@ class FileOrigin:
 
     def _check(self, full: Path, rel: str) -> Path:
         """The resolved regular file behind ``full``, or OriginError naming ``rel``."""
-        target = full.resolve()
-        if not self._single and not target.is_relative_to(self._root):
-            raise base.OriginError(f"{self.uri}: {rel!r} is a symlink leaving the source root (to {str(target)!r})")
+        try:
+            target = full.resolve()
+        except (RuntimeError, OSError) as exc:  # ELOOP (RuntimeError before Python 3.13)
+            raise base.OriginError(f"{self.uri}: {rel!r} is a symlink loop ({exc})") from exc
+        if not self._single and not target.is_relative_to(self._allowed):
+            where = "the model's hub cache folder" if self._allowed != self._root else "the source root"
+            raise base.OriginError(f"{self.uri}: {rel!r} is a symlink leaving {where} (to {str(target)!r})")
         if not target.exists():
             raise base.OriginError(f"{self.uri}: {rel!r} is a dangling symlink")
         if not target.is_file():

@@ -27,6 +27,7 @@ from urllib.parse import quote, unquote_plus, urlencode, urlsplit
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+from botocore.exceptions import BotoCoreError
 from botocore.session import Session
 
 from ringseed.agent.origins import base, httpclient
@@ -117,7 +118,10 @@ class S3Origin(httpclient.HTTPClient):
         if self._static is not None:
             return self._static.get_frozen_credentials()
         if self._chain is None:
-            self._chain = await asyncio.to_thread(Session().get_credentials) or False
+            try:
+                self._chain = await asyncio.to_thread(Session().get_credentials) or False
+            except BotoCoreError as exc:  # a named profile that does not exist, a broken config file
+                raise base.OriginError(f"{self.uri}: cannot load AWS credentials: {exc}") from exc
         if self._chain is False:
             return None
         return await asyncio.to_thread(self._chain.get_frozen_credentials)
@@ -174,6 +178,17 @@ class S3Origin(httpclient.HTTPClient):
                 return objects
 
     async def list_files(self) -> list[tuple[str, int, int]]:
+        try:
+            return await self._list_files()
+        except httpclient.StatusError as exc:
+            if exc.status in (401, 403) and await self._credentials() is None:
+                raise base.OriginError(
+                    f"{exc} (no AWS credentials were found, so the request went unsigned: set "
+                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or a role)"
+                ) from exc
+            raise
+
+    async def _list_files(self) -> list[tuple[str, int, int]]:
         await self._resolve()
         if self._single is not None:
             size = await self.head_size(self._object_url(self._single))

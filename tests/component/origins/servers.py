@@ -13,6 +13,9 @@
   thread (for sync tests or subprocesses). ``srv.url`` ends with ``/``: pass it straight to
   ``origins.open_origin`` as a directory source; ``srv.url + "a.bin"`` is a one-file source.
 
+- :func:`plain_http_server` runs Python's own ``http.server`` (no ``Range`` support) on a directory.
+- :func:`hub_cache` lays out a Hugging Face hub cache (blobs, a snapshot of symlinks to them).
+- :func:`app_in_thread` serves any aiohttp application on a free loopback port from a thread.
 - :func:`moto_s3` runs a moto S3 server on a free loopback port and yields its endpoint URL;
   :func:`s3_env` gives the environment (endpoint, dummy keys, region) an S3 origin needs;
   :func:`put_objects` creates a bucket and uploads ``{key: bytes}`` with boto3.
@@ -24,6 +27,8 @@ import asyncio
 import collections
 import contextlib
 import enum
+import hashlib
+import http.server
 import json
 import os
 import socket
@@ -199,6 +204,26 @@ class FlakyHTTPOrigin:
 
 
 @contextlib.contextmanager
+def app_in_thread(app: web.Application) -> Iterator[str]:
+    """Serve an aiohttp ``app`` on a free loopback port from a daemon thread; yields its base URL."""
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app, access_log=None)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = runner.addresses[0][1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+
+
+@contextlib.contextmanager
 def moto_s3() -> Iterator[str]:
     """A moto S3 server on 127.0.0.1 and a free port; yields ``http://127.0.0.1:PORT``."""
     from moto.server import ThreadedMotoServer
@@ -252,3 +277,42 @@ def write_tree(root: Path, files: Mapping[str, bytes], *, modes: Mapping[str, in
         path.write_bytes(data)
         os.chmod(path, (modes or {}).get(rel, 0o644))
     return root
+
+
+@contextlib.contextmanager
+def plain_http_server(root: Path) -> Iterator[tuple[str, list[str]]]:
+    """Python's own ``http.server`` (no Range support) serving ``root``; yields its URL and the request log."""
+    requests: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            requests.append(f"{self.command} {self.path} {self.headers.get('Range')}")
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/", requests
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def hub_cache(tmp_path: Path, files: dict[str, bytes]) -> Path:
+    """A Hugging Face hub cache for ``org/name``: blobs by hash, a snapshot of relative symlinks to them."""
+    repo = tmp_path / "hub" / "models--org--name"
+    snapshot = repo / "snapshots" / "0123abcd"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    for rel, data in files.items():
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        link = snapshot / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    return snapshot

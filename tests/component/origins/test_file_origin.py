@@ -99,3 +99,36 @@ async def test_build_manifest_matches_hashlib_over_the_stream(tree: Path) -> Non
 async def test_unsupported_scheme_is_rejected() -> None:
     with pytest.raises(origins.OriginError, match="unsupported scheme 'ftp'"):
         origins.open_origin("ftp://host/model/")
+
+
+async def test_hugging_face_snapshot_follows_links_into_its_blobs(tmp_path: Path) -> None:
+    files = {"config.json": b'{"a": 1}', "model.safetensors": os.urandom(MI + 5), "tok/vocab.txt": b"x y"}
+    snapshot = servers.hub_cache(tmp_path, files)
+    origin = origins.open_origin(str(snapshot))
+    assert sorted(await origin.list_files()) == sorted((p, len(d), 0o644) for p, d in files.items())
+    layout = manifest.Layout.build(await origin.list_files(), chunk_size=MI)
+    stream = b"".join([await origins.read_chunk(origin, layout, i) for i in range(layout.chunk_count)])
+    assert stream == b"".join(files[f.path] for f in layout.files)  # names from the snapshot, bytes from blobs
+
+
+async def test_hugging_face_snapshot_still_refuses_links_leaving_the_model_folder(tmp_path: Path) -> None:
+    snapshot = servers.hub_cache(tmp_path, {"config.json": b"{}"})
+    other = servers.hub_cache(tmp_path / "elsewhere", {"secret.bin": b"other model"})
+    (snapshot / "stolen.bin").symlink_to(other / "secret.bin")
+    with pytest.raises(origins.OriginError, match=r"'stolen\.bin' is a symlink leaving the model's hub cache folder"):
+        await origins.open_origin(str(snapshot)).list_files()
+
+
+async def test_a_folder_that_only_looks_like_a_snapshot_keeps_the_plain_root_rule(tmp_path: Path) -> None:
+    snapshot = servers.hub_cache(tmp_path, {"config.json": b"{}"})
+    (snapshot.parent.parent / "blobs").rename(snapshot.parent.parent / "not-blobs")
+    (snapshot / "config.json").unlink()
+    (snapshot / "config.json").symlink_to(snapshot.parent.parent / "refs" / "main")
+    with pytest.raises(origins.OriginError, match=r"'config\.json' is a symlink leaving the source root"):
+        await origins.open_origin(str(snapshot)).list_files()
+
+
+async def test_a_symlink_loop_is_named(tree: Path) -> None:
+    (tree / "loop").symlink_to(tree / "loop")
+    with pytest.raises(origins.OriginError, match="'loop' is a symlink loop"):
+        await origins.open_origin(str(tree)).list_files()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import random
 import time
 from pathlib import Path
@@ -221,3 +222,37 @@ def test_server_runs_in_a_background_thread_for_sync_callers(http_root: Path) ->
                 await origin.close()
 
         assert asyncio.run(fetch()) == b"abc" * 1000
+
+
+async def test_a_server_without_range_is_streamed_whole_in_about_one_pass(tmp_path: Path) -> None:
+    files = {"a.bin": _blob(5, 5 * MI + 7), "b.bin": _blob(6, 3 * MI), "c.json": b"{}"}
+    root = servers.write_tree(tmp_path / "www", files)
+    (root / "index.json").write_text(json.dumps({"files": [{"path": p, "size": len(b)} for p, b in files.items()]}))
+    with servers.plain_http_server(root) as (url, requests):
+        origin = _open(url, retries=2)
+        try:
+            layout = manifest.Layout.build(await origin.list_files(), chunk_size=MI)
+            chunks = [await origins.read_chunk(origin, layout, i) for i in range(layout.chunk_count)]
+            total = layout.total_size
+            # A read behind the stream's position starts the object again and is still exact.
+            assert await origin.read("a.bin", 10, 100) == files["a.bin"][10:110]
+            assert await origin.read("a.bin", 4 * MI, 5) == files["a.bin"][4 * MI : 4 * MI + 5]
+            read = origin.bytes_read
+        finally:
+            await origin.close()
+    assert b"".join(chunks) == b"".join(files[f.path] for f in layout.files)
+    gets = [r for r in requests if r.startswith("GET /a.bin") or r.startswith("GET /b.bin")]
+    assert len(gets) <= 6, gets  # one ranged probe and one streaming GET per file, plus the two re-reads
+    assert read <= total + 2 * MI + 4 * MI + 110, read  # about one pass, plus the probe's chunk and the re-reads
+
+
+async def test_a_server_without_range_gives_a_clear_error_when_the_file_is_short(tmp_path: Path) -> None:
+    root = servers.write_tree(tmp_path / "www", {"a.bin": _blob(7, 2 * MI)})
+    with servers.plain_http_server(root) as (url, _):
+        origin = _open(url + "a.bin", retries=1)
+        try:
+            assert await origin.read("a.bin", 0, 10) == (root / "a.bin").read_bytes()[:10]
+            with pytest.raises(origins.OriginError, match="file has 2097152 bytes, the read needs 3145728"):
+                await origin.read("a.bin", MI, 2 * MI)
+        finally:
+            await origin.close()

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
+from ringseed import cmdline
+
 # (words) -> (module, one-line help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("operator",): ("ringseed.operator.command", "run the Kubernetes operator (kopf)"),
@@ -38,13 +40,21 @@ class CommandModule(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-def _usage() -> str:
-    lines = ["usage: ringseed COMMAND [ARGS...]", "", "commands:"]
+def _usage(prefix: tuple[str, ...] = ()) -> str:
+    """The command list (only the commands under ``prefix`` when one is given)."""
+    name = " ".join(("ringseed", *prefix))
+    lines = [f"usage: {name} COMMAND [ARGS...]", "", "commands:"]
     for words, (_, help_text) in COMMANDS.items():
-        lines.append(f"  {' '.join(words):<20} {help_text}")
+        if words[: len(prefix)] == prefix:
+            lines.append(f"  {' '.join(words):<20} {help_text}")
     lines.append("")
     lines.append("Run 'ringseed COMMAND --help' for a command's options.")
     return "\n".join(lines)
+
+
+def _groups() -> set[tuple[str, ...]]:
+    """Words that only start commands (``local``), never a command by themselves."""
+    return {words[:n] for words in COMMANDS for n in range(1, len(words))} - set(COMMANDS)
 
 
 def _find(argv: Sequence[str]) -> tuple[tuple[str, ...], Sequence[str]] | None:
@@ -55,11 +65,18 @@ def _find(argv: Sequence[str]) -> tuple[tuple[str, ...], Sequence[str]] | None:
     return None
 
 
+def _help_words(argv: Sequence[str]) -> bool:
+    return bool(argv) and argv[0] in ("-h", "--help", "help")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if _help_words(argv):
         print(_usage())
         return 0
+    if not argv:
+        print(f"ringseed: give a command\n\n{_usage()}", file=sys.stderr)
+        return 2
     if argv[0] == "--version":
         from ringseed import __version__
 
@@ -67,17 +84,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     found = _find(argv)
     if found is None:
-        print(f"ringseed: unknown command {' '.join(argv[:2])!r}\n\n{_usage()}", file=sys.stderr)
-        return 2
+        return _not_a_command(argv)
     words, rest = found
     module_name, help_text = COMMANDS[words]
     module: CommandModule = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog="ringseed " + " ".join(words), description=help_text)
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser = argparse.ArgumentParser(
+        prog="ringseed " + " ".join(words),
+        description=help_text,
+        formatter_class=cmdline.HelpFormatter,
+    )
+    parser.add_argument("--log-level", default="INFO", type=_log_level, help="logging level of this process")
     module.configure(parser)
     args = parser.parse_args(rest)
     logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        level=args.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -85,6 +105,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return module.run(args)
     except KeyboardInterrupt:
         return 130
+
+
+def _not_a_command(argv: Sequence[str]) -> int:
+    """``ringseed local`` (a group) lists its commands; anything else is an unknown command (2)."""
+    for length in (2, 1):
+        prefix = tuple(argv[:length])
+        if prefix in _groups():
+            tail = argv[length:]
+            if _help_words(tail):
+                print(_usage(prefix))
+                return 0
+            what = f"unknown command {' '.join(argv[: length + 1])!r}" if tail else "give a command"
+            print(f"ringseed {' '.join(prefix)}: {what}\n\n{_usage(prefix)}", file=sys.stderr)
+            return 2
+    print(f"ringseed: unknown command {argv[0]!r}\n\n{_usage()}", file=sys.stderr)
+    return 2
+
+
+def _log_level(text: str) -> int:
+    level = logging.getLevelName(text.upper())
+    if not isinstance(level, int):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a logging level (DEBUG, INFO, WARNING, ERROR)")
+    return level
 
 
 if __name__ == "__main__":

@@ -17,34 +17,23 @@ import json
 import sys
 from pathlib import Path
 
+from ringseed import cmdline
 from ringseed.protocol import manifest, units
-
-
-def _chunk_size(text: str) -> int:
-    try:
-        return manifest.check_chunk_size(units.parse_size(text))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def _rate(text: str) -> int:
-    try:
-        return units.parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="file:// path, bare path, http(s):// URL or s3://bucket/prefix")
     parser.add_argument(
         "--chunk-size",
-        type=_chunk_size,
+        type=cmdline.chunk_size,
         default=manifest.DEFAULT_CHUNK_SIZE,
-        help="chunk size, 1Mi to 1Gi, like 64Mi or 1048576 (default 64Mi)",
+        help="chunk size, 1Mi to 1Gi, like 64Mi or 1048576",
     )
     parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
     parser.add_argument("--output", type=Path, help="also write the manifest JSON to this file")
-    parser.add_argument("--rate-limit", type=_rate, default=None, help="cap on bytes/s read from the source (64Mi)")
+    parser.add_argument(
+        "--rate-limit", type=cmdline.positive_size, default=None, help="cap on bytes/s read from the source (64Mi)"
+    )
 
 
 def summary(source: str, m: manifest.Manifest) -> str:

@@ -42,29 +42,40 @@ OPS = ("sum", "avg", "min", "max", "prod")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--peers", type=int, default=2, help="number of peer processes (default 2)")
-    parser.add_argument("--size", default="16Mi", help="bytes per peer buffer, e.g. 64Mi (default 16Mi)")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32")
-    parser.add_argument("--op", choices=OPS, default="sum")
-    parser.add_argument("--quantize", choices=("int8", "fp16", "bf16"), default=None)
-    parser.add_argument("--iters", type=int, default=3, help="timed all-reduces (default 3)")
+    from ringseed import cmdline
+
+    parser.add_argument("--peers", type=cmdline.positive_int, default=2, help="number of peer processes")
+    parser.add_argument("--size", type=cmdline.positive_size, default="16Mi", help="bytes per peer buffer, e.g. 64Mi")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="element type of the buffers")
+    parser.add_argument("--op", choices=OPS, default="sum", help="reduction")
+    parser.add_argument(
+        "--quantize",
+        choices=("int8", "fp16", "bf16"),
+        default=None,
+        help="compress on the wire, floating dtypes only (default: off)",
+    )
+    parser.add_argument("--iters", type=cmdline.positive_int, default=3, help="timed all-reduces")
     parser.add_argument(
         "--kill-peer-at",
-        type=float,
+        type=cmdline.positive_seconds,
         default=None,
         metavar="SECONDS",
-        help="SIGKILL the last peer this long after the warm-up and check the recovery",
+        help="SIGKILL the last peer this long after the warm-up and check the recovery (default: no kill)",
     )
-    parser.add_argument("--heartbeat-interval", type=float, default=0.25)
-    parser.add_argument("--heartbeat-timeout", type=float, default=2.0)
-    parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
+    parser.add_argument(
+        "--heartbeat-interval", type=cmdline.positive_seconds, default=0.25, help="seconds between peer heartbeats"
+    )
+    parser.add_argument(
+        "--heartbeat-timeout", type=cmdline.positive_seconds, default=2.0, help="seconds of silence that lose a peer"
+    )
+    parser.add_argument(
+        "--timeout", type=cmdline.positive_seconds, default=300.0, help="give up after this many seconds"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ringseed.protocol import units
-
-    size = units.parse_size(args.size)
+    size = int(args.size)
     itemsize = {"float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}[args.dtype]
     problem = _check(args, size=size, itemsize=itemsize)
     if problem:

@@ -8,6 +8,9 @@ Rules:
 - Every child runs ``python -m ringseed.cli ...`` in its own process group with its log in
   ``<workdir>/logs/<name>.log``; :meth:`LocalSwarm.close` (also on error and Ctrl-C, through the
   context manager) terminates every group, then kills what is left. Nothing outlives the swarm.
+- A child that ends without being asked to (:meth:`LocalSwarm.kill`, :meth:`LocalSwarm.close`),
+  whatever the signal, raises :class:`ChildDied` from :meth:`LocalSwarm.check_alive`, naming
+  the child, how it ended and the first error line of its log.
 - Node ``node-<i>`` keeps its data and cache under ``<workdir>/nodes/node-<i>/``, so a restarted
   agent finds its staging and journal again. The model name is ``local/model``.
 - Only loopback; the token is random per swarm and passed through ``RINGSEED_TOKEN``.
@@ -33,6 +36,49 @@ from typing import Any
 from ringseed.protocol import manifest
 
 MODEL = ("local", "model")
+_ERROR_LEVELS = (" ERROR ", " CRITICAL ")
+
+
+class ChildDied(RuntimeError):
+    """A child process ended on its own; names it, how it ended and its first logged error."""
+
+    def __init__(self, name: str, *, how: str, error: str | None, log: Path) -> None:
+        detail = f": {error}" if error else ""
+        super().__init__(f"{name} {how}{detail} (log: {log})")
+        self.name = name
+        self.how = how
+        self.error = error
+        self.log = log
+
+
+def first_error(text: str) -> str | None:
+    """The first error a ``ringseed`` process logged: an ERROR/CRITICAL line or a traceback's exception.
+
+    A logged error keeps its message only (no time, level, logger); a traceback gives its
+    exception line without the module path (``OriginError: file:///x: no such file``).
+    """
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last):"):
+            for follow in lines[i + 1 :]:
+                if follow.strip() and not follow.startswith((" ", "\t", "Traceback", "The above", "During handling")):
+                    kind, sep, message = follow.partition(": ")
+                    return f"{kind.rsplit('.', 1)[-1]}{sep}{message}"
+            return None
+        for level in _ERROR_LEVELS:
+            if level in line:
+                message = line.split(level, 1)[1]
+                return message.split(": ", 1)[1] if ": " in message else message
+    return None
+
+
+def _how(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
 
 
 def free_port() -> int:
@@ -73,6 +119,8 @@ class LocalSwarm:
         self.master_port = free_port()
         self.master_url = f"http://127.0.0.1:{self.master_port}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.stopped: set[str] = set()  # children ended on purpose (kill, close)
+        self.agent_ports: dict[str, int] = {}
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
 
     def __enter__(self) -> LocalSwarm:
@@ -83,11 +131,14 @@ class LocalSwarm:
 
     # -- processes -----------------------------------------------------------------------
 
-    def _spawn(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
+    def _spawn(
+        self, name: str, argv: list[str], env: Mapping[str, str] | None = None, *, module: str = "ringseed.cli"
+    ) -> None:
         full_env = dict(os.environ, RINGSEED_TOKEN=self.token, **(env or {}))
+        self.stopped.discard(name)
         with open(self.workdir / "logs" / f"{name}.log", "ab") as log:
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "ringseed.cli", *argv],
+                [sys.executable, "-m", module, *argv],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -115,9 +166,11 @@ class LocalSwarm:
     def journal(self, name: str) -> Path:
         return self.node_dir(name) / "cache" / MODEL[0] / MODEL[1] / "verified.journal"
 
-    def start_agent(self, name: str, *, env: Mapping[str, str] | None = None) -> None:
+    def start_agent(self, name: str, *, env: Mapping[str, str] | None = None, module: str = "ringseed.cli") -> None:
+        """Start agent ``name``; ``module`` is what ``python -m`` runs (a test's wrapper of ``ringseed.cli``)."""
         argv = ["agent", "--master-url", self.master_url, "--node-name", name, "--advertise-host", "127.0.0.1"]
-        argv += ["--host", "127.0.0.1", "--port", "0", "--source", self.source]
+        self.agent_ports[name] = free_port()
+        argv += ["--host", "127.0.0.1", "--port", str(self.agent_ports[name]), "--source", self.source]
         argv += ["--chunk-size", str(self.chunk_size), "--model-name", "/".join(MODEL)]
         argv += ["--data-dir", str(self.node_dir(name) / "data"), "--cache-dir", str(self.node_dir(name) / "cache")]
         argv += ["--memory-bytes", str(self.memory_bytes)]
@@ -125,19 +178,21 @@ class LocalSwarm:
             argv += ["--origin-rate-limit", str(self.origin_rate_limit)]
         if self.manifest_uri:
             argv += ["--manifest-uri", self.manifest_uri]
-        self._spawn(name, argv, env)
+        self._spawn(name, argv, env, module=module)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` (SIGKILL by default) to a child's process group and reap it."""
         proc = self.procs.get(name)
         if proc is None or proc.poll() is not None:
             return
+        self.stopped.add(name)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
 
     def close(self) -> None:
+        self.stopped.update(self.procs)
         for name in list(self.procs):
             proc = self.procs[name]
             if proc.poll() is None:
@@ -152,14 +207,34 @@ class LocalSwarm:
 
     # -- observation -----------------------------------------------------------------------
 
-    def get(self, path: str, *, timeout: float = 5.0) -> Any:
-        """GET a master path as JSON; None while the master is unreachable."""
-        request = urllib.request.Request(self.master_url + path, headers={"Authorization": f"Bearer {self.token}"})
+    def _fetch(self, url: str, *, timeout: float) -> bytes | None:
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.token}"})
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
-                return json.loads(response.read())
-        except (OSError, urllib.error.URLError, ValueError):
+                body: bytes = response.read()
+                return body
+        except (OSError, urllib.error.URLError):
             return None
+
+    def get(self, path: str, *, timeout: float = 5.0) -> Any:
+        """GET a master path as JSON; None while the master is unreachable."""
+        body = self._fetch(self.master_url + path, timeout=timeout)
+        try:
+            return json.loads(body) if body is not None else None
+        except ValueError:
+            return None
+
+    def agent_metrics(self, name: str, *, timeout: float = 5.0) -> dict[str, float] | None:
+        """An agent's ``/metrics`` as ``{"ringseed_agent_x": value}`` (unlabelled series); None if unreachable."""
+        body = self._fetch(f"http://127.0.0.1:{self.agent_ports[name]}/metrics", timeout=timeout)
+        if body is None:
+            return None
+        values: dict[str, float] = {}
+        for line in body.decode("utf-8", "replace").splitlines():
+            key, _, value = line.rpartition(" ")
+            if key and not key.startswith("#") and "{" not in key:
+                values[key] = float(value)
+        return values
 
     def status(self) -> dict[str, Any] | None:
         status: dict[str, Any] | None = self.get("/v1/status")
@@ -176,10 +251,22 @@ class LocalSwarm:
             time.sleep(0.2)
         raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}; last status: {self.status()}")
 
+    def log_path(self, name: str) -> Path:
+        return self.workdir / "logs" / f"{name}.log"
+
+    def first_error(self, name: str) -> str | None:
+        """The first error in a child's log (see :func:`first_error`), None if none."""
+        try:
+            return first_error(self.log_path(name).read_text(errors="replace"))
+        except OSError:
+            return None
+
     def check_alive(self) -> None:
-        dead = [n for n, p in self.procs.items() if p.poll() not in (None, -signal.SIGKILL, -signal.SIGTERM)]
-        if dead:
-            raise RuntimeError(f"processes exited unexpectedly: {dead} (see {self.workdir / 'logs'})")
+        """:class:`ChildDied` for the first child that ended without being asked to."""
+        for name, proc in self.procs.items():
+            code = proc.poll()
+            if code is not None and name not in self.stopped:
+                raise ChildDied(name, how=_how(code), error=self.first_error(name), log=self.log_path(name))
 
     def all_verified(self, status: dict[str, Any], names: list[str] | None = None) -> bool:
         nodes = status.get("nodes", {})

@@ -8,8 +8,9 @@ coordinator role's module is imported only for ``--role coordinator``. The token
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+
+from ringseed import cmdline
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -30,18 +31,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def read_token(token_file: str | None) -> str | None:
-    """The group token from a file (stripped) or ``RINGSEED_TOKEN``."""
-    if token_file:
-        with open(token_file, encoding="utf-8") as f:
-            return f.read().strip() or None
-    return os.environ.get("RINGSEED_TOKEN") or None
-
-
 def run(args: argparse.Namespace) -> int:
     from aiohttp import web as aioweb
 
-    token = read_token(args.token_file)
+    try:
+        token = cmdline.read_token(args.token_file)
+    except ValueError as exc:
+        print(f"ringseed master: {exc}", file=sys.stderr)
+        return 2
     if token is None:
         print("ringseed master: no token (use --token-file or RINGSEED_TOKEN)", file=sys.stderr)
         return 2

@@ -70,7 +70,6 @@ class Config:
     origin_depth: int = 1
     origin_upload_slots: int = 1
     stream_slots: int = 8
-    corrupt_uploads: bool = False
     expected_digest: str | None = None
 
 
@@ -98,6 +97,8 @@ class Agent:
         self.fetched_bytes = 0
         self.origin_bytes = 0
         self.resumed_chunks = 0
+        self.streamed_chunks = 0  # verified chunks received by cut-through from the origin puller
+        self.rejected_chunks = 0  # chunks received with a wrong hash (served or streamed)
         self.announce: list[tuple[int, str | None]] = []
         self.uncommitted: list[tuple[int, str]] = []
         self.pending_writes: dict[int, asyncio.Task[None]] = {}
@@ -160,7 +161,6 @@ class Agent:
             max_streams=self.config.stream_slots,
             metrics=self.metrics,
             refresh_metrics=self._refresh_metrics,
-            corrupt_uploads=self.config.corrupt_uploads,
         )
         runner = aioweb.AppRunner(app, access_log=None)
         await runner.setup()
@@ -410,6 +410,8 @@ class Agent:
         m.declare("agent_active_uploads", "gauge", "uploads in progress")
         m.declare("agent_memory_tier_bytes", "gauge", "bytes held in the memory tier")
         m.declare("agent_complete", "gauge", "1 when the model is materialised and verified")
+        m.declare("agent_chunks_streamed", "counter", "verified chunks streamed from the origin puller")
+        m.declare("agent_chunks_rejected", "counter", "chunks received with a wrong hash (served or streamed)")
 
     def _refresh_metrics(self) -> None:
         m = self.metrics
@@ -421,3 +423,5 @@ class Agent:
         m.set("agent_active_uploads", self.active_uploads)
         m.set("agent_memory_tier_bytes", self.memory.used)
         m.set("agent_complete", 1 if self.verified_digest else 0)
+        m.set("agent_chunks_streamed", self.streamed_chunks)
+        m.set("agent_chunks_rejected", self.rejected_chunks)

@@ -178,9 +178,11 @@ async def stream_chunk(agent: Agent, index: int) -> bool:
         return index in agent.held
     if digest != expected:
         log.warning("Chunk %d streamed from %s does not match the tracker's hash; dropped", index, holder.name)
+        agent.rejected_chunks += 1
         return False
     log.info("Chunk %d streamed from %s in %.2f s (verified)", index, holder.name, time.monotonic() - started)
-    await agent.accept(index, data, digest=expected, from_origin=False)
+    if await agent.accept(index, data, digest=expected, from_origin=False):
+        agent.streamed_chunks += 1
     return True
 
 
@@ -206,6 +208,7 @@ async def _verify(agent: Agent, index: int, data: bytearray) -> bool:
 async def _penalise(agent: Agent, holder: choice.Holder, index: int) -> None:
     log.warning("Peer %s served chunk %d with a wrong hash; reporting and avoiding it", holder.name, index)
     agent.avoid[holder.name] = math.inf
+    agent.rejected_chunks += 1
     with contextlib.suppress(tracker_client.TrackerClientError):
         await agent.tracker.report(peer=holder.name, chunk=index)
 

@@ -16,8 +16,6 @@ Rules:
   can serve fewer peers while it is on origin duty); a busy server answers 429 with ``Retry-After`` and the
   client asks another holder.
 - Bearer token, JSON errors and body limits come from ``ringseed.web``.
-- Test-only fault injection: with ``corrupt_uploads`` (env ``RINGSEED_FAULT_CORRUPT_UPLOADS=1``
-  on the agent) every served chunk has one byte flipped, so tests can run a real lying peer.
 """
 
 from __future__ import annotations
@@ -56,11 +54,10 @@ def create_app(
     metrics: web.Metrics,
     max_streams: int = 0,
     refresh_metrics: Callable[[], None],
-    corrupt_uploads: bool = False,
 ) -> aioweb.Application:
     app = web.make_app(token=token, max_body_bytes=64 << 10)
     app.router.add_get("/metrics", metrics.handler(refresh_metrics))
-    server = _ChunkServer(source, max_uploads=max_uploads, max_streams=max_streams, corrupt=corrupt_uploads)
+    server = _ChunkServer(source, max_uploads=max_uploads, max_streams=max_streams)
     app.router.add_get("/v1/chunks/{index}", server.get_chunk)
     return app
 
@@ -73,25 +70,11 @@ def _busy(reason: str = "upload slots are full; ask another holder") -> aioweb.R
     )
 
 
-def _flip_middle(piece: memoryview, *, start: int, total: int) -> memoryview:
-    """Test-only fault: bytes ``[start, start + len(piece))`` of a ``total``-byte chunk, with the
-    chunk's middle byte flipped if it falls in this piece (the same byte for whole and streamed chunks)."""
-    middle = total // 2 - start
-    if not 0 <= middle < len(piece):
-        return piece
-    raw = bytearray(piece)
-    raw[middle] ^= 0xFF
-    return memoryview(raw)
-
-
 class _ChunkServer:
-    def __init__(
-        self, source: ChunkSource, *, max_uploads: int | Callable[[], int], max_streams: int, corrupt: bool
-    ) -> None:
+    def __init__(self, source: ChunkSource, *, max_uploads: int | Callable[[], int], max_streams: int) -> None:
         self.source = source
         self.max_streams = max_streams
         self.max_uploads = max_uploads if callable(max_uploads) else (lambda: max_uploads)
-        self.corrupt = corrupt
 
     async def get_chunk(self, request: aioweb.Request) -> aioweb.StreamResponse:
         try:
@@ -134,8 +117,6 @@ class _ChunkServer:
                     continue
                 end = min(inflight.filled, sent + SEND_PIECE)
                 piece = view[sent:end]
-                if self.corrupt:
-                    piece = _flip_middle(piece, start=sent, total=inflight.length)
                 await response.write(piece)
                 sent = end
                 inflight.sent[stream_id] = sent
@@ -150,9 +131,6 @@ class _ChunkServer:
         data = self.source.memory.get(index)
         if data is None and index in self.source.memory.pinned:  # its disk write is still in flight
             return _busy()
-        if self.corrupt:
-            raw = data if data is not None else await asyncio.to_thread(self.source.store.read_chunk, index)
-            data = bytes(_flip_middle(memoryview(raw), start=0, total=len(raw)))
         headers = {"X-Chunk-Sha256": self.source.held[index]}
         if data is not None:
             return await self._send_memory(request, data, headers)

@@ -24,7 +24,7 @@ def test_peer_serving_corrupted_bytes_is_detected_and_avoided(
     local.start_agent("node-0")  # first to register: it takes origin duty, the liar must not
     local.wait_for(lambda s: s["origin_duty"] == ["node-0"], timeout=60, what="node-0 on origin duty")
     liar, honest = "node-4", ["node-1", "node-2", "node-3"]
-    local.start_agent(liar, env={"RINGSEED_FAULT_CORRUPT_UPLOADS": "1"})
+    local.start_agent(liar, module="tests.component.distribution.lying_agent")
     # The liar downloads honestly; once it holds every chunk, it and node-0 are the only holders when
     # the honest nodes start, and the tracker hands out the least-loaded holder (a hand-out counts as
     # load), so the liar is handed out from the honest nodes' first requests: it really serves bytes.
@@ -35,19 +35,21 @@ def test_peer_serving_corrupted_bytes_is_detected_and_avoided(
     assert status["nodes"][liar]["penalised"] is True
     assert not any(e["penalised"] for n, e in status["nodes"].items() if n != liar)
     assert_copies(local, expected)  # no node's final model holds the corrupted bytes
-    # Detected and avoided: each honest node logs every corrupted chunk it received. After its first
-    # detection it never asks the liar again, and the tracker hands the liar out to nobody, so a node
-    # can only have received corrupted bytes on the requests already in flight then: at most its
-    # download slots (the agents run with the default 4). Without avoidance the liar, one of the
-    # two least-loaded holders, would serve about half of the 32 chunks to each honest node.
-    detected = {name: _corrupted_chunks_logged(local, name, liar) for name in honest}
+    # Detected and avoided: each honest node counts every chunk that failed verification
+    # (``agent_chunks_rejected``). After its first detection it never asks the liar again, and the
+    # tracker hands the liar out to nobody, so a node can only have received corrupted bytes on the
+    # requests already in flight then: at most its download slots (the agents run with the default
+    # 4). Without avoidance the liar, one of the two least-loaded holders, would serve about half
+    # of the 32 chunks to each honest node.
+    detected = {name: _metric(local, name, "ringseed_agent_chunks_rejected") for name in honest}
     assert sum(detected.values()) >= 1, detected
     assert all(n <= 4 for n in detected.values()), detected
 
 
-def _corrupted_chunks_logged(local: swarm.LocalSwarm, name: str, liar: str) -> int:
-    log = (local.workdir / "logs" / f"{name}.log").read_text(errors="replace")
-    return log.count(f"Peer {liar} served chunk ")
+def _metric(local: swarm.LocalSwarm, name: str, metric: str) -> float:
+    metrics = local.agent_metrics(name)
+    assert metrics is not None, f"{name} does not answer /metrics"
+    return metrics[metric]
 
 
 def test_http_origin_with_500s_resets_and_truncated_bodies(

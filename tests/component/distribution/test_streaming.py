@@ -8,7 +8,6 @@ and that every copy is still verified and identical.
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -152,19 +151,10 @@ def test_peers_stream_chunks_while_they_arrive_from_a_slow_origin(
     assert status["manifest_digest"] == expected.digest
     assert_copies(local, expected)
     assert status["bytes_from_origin"] <= 1.05 * expected.layout.total_size
-    logs = "".join(p.read_text() for p in (local.workdir / "logs").glob("node-*.log"))
-    streamed = re.findall(r"Chunk (\d+) streamed from \S+ in [\d.]+ s \(verified\)", logs)
+    metrics = {name: local.agent_metrics(name) for name in local.names}
+    assert all(m is not None for m in metrics.values()), metrics
+    streamed = sum(m["ringseed_agent_chunks_streamed"] for m in metrics.values() if m)
+    rejected = sum(m["ringseed_agent_chunks_rejected"] for m in metrics.values() if m)
     # Each chunk takes 0.5 s to arrive from the origin: idle peers stream it meanwhile.
-    assert len(streamed) >= expected.layout.chunk_count // 2, len(streamed)
-    assert "wrong hash" not in logs and "does not match" not in logs
-
-
-def test_fault_injection_flips_the_same_byte_whole_or_streamed_in_pieces() -> None:
-    data = bytes(range(256)) * 40  # 10,240 bytes; the middle is offset 5,120
-    whole = bytes(server._flip_middle(memoryview(data), start=0, total=len(data)))
-    pieces = b"".join(
-        bytes(server._flip_middle(memoryview(data)[i : i + 1000], start=i, total=len(data)))
-        for i in range(0, len(data), 1000)
-    )
-    assert whole == pieces != data
-    assert [i for i in range(len(data)) if whole[i] != data[i]] == [len(data) // 2]
+    assert streamed >= expected.layout.chunk_count // 2, streamed
+    assert rejected == 0

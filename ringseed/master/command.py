@@ -14,20 +14,33 @@ from ringseed import cmdline
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--role", choices=("tracker", "coordinator"), required=True)
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
-    parser.add_argument("--port", type=int, default=8470)
+    parser.add_argument(
+        "--role", choices=("tracker", "coordinator"), required=True, help="tracker (distribution) or coordinator"
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (0.0.0.0: all addresses)")
+    parser.add_argument("--port", type=cmdline.port, default=8470, help="port to listen on (0: any free port)")
     parser.add_argument("--token-file", help="file holding the group's bearer token (else RINGSEED_TOKEN)")
-    parser.add_argument("--offline-after", type=float, default=10.0, help="seconds of silence before a node is purged")
-    parser.add_argument("--heartbeat-interval", type=float, default=2.0, help="seconds between heartbeats")
-    parser.add_argument("--heartbeat-timeout", type=float, default=10.0, help="coordinator: seconds to lose a peer")
-    parser.add_argument("--seeders", type=int, default=1, help="tracker: agents on origin duty at once")
-    parser.add_argument("--min-peers", type=int, default=1, help="coordinator: peers needed to start")
+    parser.add_argument(
+        "--offline-after",
+        type=cmdline.positive_seconds,
+        default=10.0,
+        help="seconds of silence before a node is purged",
+    )
+    parser.add_argument(
+        "--heartbeat-interval", type=cmdline.positive_seconds, default=2.0, help="seconds between heartbeats"
+    )
+    parser.add_argument(
+        "--heartbeat-timeout", type=cmdline.positive_seconds, default=10.0, help="coordinator: seconds to lose a peer"
+    )
+    parser.add_argument(
+        "--seeders", type=cmdline.positive_int, default=1, help="tracker: agents on origin duty at once"
+    )
+    parser.add_argument("--min-peers", type=cmdline.positive_int, default=1, help="coordinator: peers needed to start")
     parser.add_argument(
         "--optimize-topology",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="coordinator: optimise ring order",
+        help="coordinator: order the ring by measured bandwidth (default: off)",
     )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,13 +13,13 @@ from ringseed.testbed import netns
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(netns.can_run() is not None, reason=str(netns.can_run()))]
 
-RECEIVER = "import socket,sys;s=socket.socket();s.bind(('0.0.0.0',9000));s.listen();c,_=s.accept()\n" \
-    "while c.recv(1<<20): pass\nprint('done')"  # fmt: skip
+RECEIVER = "import socket,sys;s=socket.socket();s.bind(('0.0.0.0',9000));s.listen();print('ready',flush=True)\n" \
+    "c,_=s.accept()\nwhile c.recv(1<<20): pass\nprint('done')"  # fmt: skip
 
 
 def send_seconds(src: netns.Host, dst: netns.Host, nbytes: int) -> float:
-    sink = dst.popen([sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE)
-    time.sleep(0.3)
+    sink = dst.popen([sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE, text=True)
+    assert sink.stdout is not None and sink.stdout.readline().strip() == "ready"  # listening: the sender may dial
     code = (f"import socket,time;s=socket.create_connection(('{dst.address}',9000));t=time.time();"
             f"s.sendall(bytes({nbytes}));s.shutdown(1);s.recv(1);print(time.time()-t)")  # fmt: skip
     seconds = float(src.run([sys.executable, "-c", code], timeout=30))

@@ -93,6 +93,15 @@ class _RangeBroken(Exception):
         self.done = done
 
 
+def _longer_than(resp: aiohttp.ClientResponse, length: int) -> bool:
+    """Whether a 200 carries more than the ``length`` bytes asked for (so the server ignored Range).
+
+    A 200 of exactly the asked length is a whole small file and proves nothing.
+    """
+    value = resp.headers.get("Content-Length")
+    return value is None or not value.isdigit() or int(value) > length
+
+
 class _RangeIgnored(Exception):
     """The server answered a ranged GET with the whole object."""
 
@@ -252,8 +261,8 @@ class HTTPClient:
                     raise base.OriginError(f"{url}: server answered {resp.status} to a Range request")
                 elif first != 0:
                     raise _RangeIgnored()
-                else:
-                    self.ranges_ignored = True  # the rest of this read is fine; later ones stream
+                elif _longer_than(resp, end - first):
+                    self.ranges_ignored = True  # this read is fine (it starts at 0); later ones stream
                 async for data in resp.content.iter_chunked(_STEP):
                     take = min(len(data), len(view) - done)
                     view[done : done + take] = data[:take]

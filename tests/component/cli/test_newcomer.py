@@ -177,7 +177,9 @@ def test_a_source_or_demo_is_needed() -> None:
     assert "give a SOURCE or --demo" in error_line(done)
 
 
-@pytest.mark.parametrize("command", [["local", "distribute"], ["local", "allreduce"], ["manifest"], ["agent"]])
+@pytest.mark.parametrize(
+    "command", [["local", "distribute"], ["local", "allreduce"], ["manifest"], ["agent"], ["master"]]
+)
 def test_every_option_has_help_and_its_default(command: list[str]) -> None:
     done = ringseed(*command, "--help")
     assert done.returncode == 0
@@ -187,7 +189,7 @@ def test_every_option_has_help_and_its_default(command: list[str]) -> None:
     for flag, text in options.items():
         assert text, f"{flag} has no help"
         assert "(default: None)" not in text and "(default: False)" not in text, text
-        if flag not in unset and flag not in ("--source", "--model-name", "--rate-limit", "--ssd-bytes"):
+        if flag not in unset and flag not in ("--source", "--model-name", "--rate-limit", "--ssd-bytes", "--role"):
             assert "default" in text, f"{flag}: {text!r} shows no default"
 
 

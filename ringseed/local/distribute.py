@@ -38,7 +38,9 @@ from pathlib import Path
 from typing import Any
 
 PROG = "ringseed local distribute"
-PERMANENT_REASONS = frozenset({"OriginError"})  # a node problem no retry will fix: stop the run
+# Node problems (the agents' heartbeat ``problem.reason``) that end a local run at once: the
+# source keeps failing after the agent's bounded retries, or cannot make a model at all.
+PERMANENT_REASONS = frozenset({"OriginError", "BadSource"})
 TICK_S = 0.25
 PREFLIGHT_RETRIES = 2  # the listing before the start: a closed port fails in about a second
 

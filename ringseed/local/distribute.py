@@ -292,12 +292,23 @@ def _result(
         "logs": str(local.workdir / "logs"),
         "copies": str(local.model_dir("*")),
         "nodes": nodes,
+        "log_errors": {} if error is None else _log_errors(local, nodes),
     }
+
+
+def _log_errors(local: Any, nodes: dict[str, Any]) -> dict[str, str]:
+    """The first error in the log of each child that did not finish (the master too), for the console."""
+    names = ["master", *(n for n, entry in nodes.items() if not entry["verified"])]
+    found = {name: local.first_error(name) for name in names}
+    return {name: text for name, text in found.items() if text}
 
 
 def _report(result: dict[str, Any], *, workdir: Path, as_json: bool) -> None:
     if result["error"]:
         print(f"{PROG}: {result['error']}", file=sys.stderr)
+        for name, text in result["log_errors"].items():
+            if text not in result["error"]:
+                print(f"  first error in {name}'s log: {text}", file=sys.stderr)
     if not result["ok"]:
         print(f"{PROG}: kept the workdir {workdir} (logs in {result['logs']})", file=sys.stderr)
     if as_json:

@@ -134,3 +134,16 @@ def test_python_http_server_without_range_serves_a_swarm_in_about_one_pass(
     assert status["bytes_from_origin"] <= 1.2 * expected.layout.total_size, status["bytes_from_origin"]
     data_gets = [r for r in requests if r.startswith("GET /shard-")]
     assert len(data_gets) <= 4 * 3, data_gets  # a handful per file, not one per chunk and retry
+
+
+def test_a_timeout_names_the_nodes_still_missing_and_keeps_the_workdir(tmp_path: Path) -> None:
+    root = make_model(tmp_path / "model", odd_sizes(16, files=2))
+    workdir = tmp_path / "w"
+    done = distribute(str(root), "--nodes", "2", "--chunk-size", "1Mi", "--origin-rate-limit", "1Mi", "--timeout", "3",
+                      "--workdir", str(workdir), "--json")  # fmt: skip
+    assert done.returncode == 1
+    result = json.loads(done.stdout)
+    assert result["error"].startswith("timed out after 3s; not verified: node-0 (")
+    assert "node-1 (" in result["error"]
+    assert f"ringseed local distribute: kept the workdir {workdir}" in done.stderr
+    assert (workdir / "swarm" / "logs" / "node-0.log").exists()

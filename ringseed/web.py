@@ -6,6 +6,15 @@ Rules every endpoint follows:
 - Every error is JSON ``{"error": <short code>, "reason": <sentence a user can act on>}``.
 - Request bodies are capped (``max_body_bytes``); a bigger body gets 413 with a reason.
 - ``read_json`` parses a body into a dict and names the problem when it is not JSON or not an object.
+  Numbers are bounded at parse time: integers of more than ``MAX_INT_DIGITS`` digits, ``NaN``,
+  ``Infinity`` and floats that overflow are refused (400), so no number a client sends can break
+  a later computation or rendering. ``field_of``, ``integer`` and ``text`` check single fields
+  (type, range, length, pattern) and name the field in the 400.
+- Domain errors become JSON in one place: ``make_app(errors={ExceptionType: status})`` maps an
+  exception a handler lets out to that status (or to ``status(exc)`` when a callable is given),
+  with ``exc.code`` as the error code; handlers never catch their own domain errors.
+- A malformed request (bad HTTP framing, a broken body) costs one debug line, never an ERROR
+  with a traceback: an unauthenticated client must not be able to flood the log.
 - ``/metrics`` is rendered from a :class:`Metrics` in the Prometheus text format.
 """
 
@@ -14,11 +23,13 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
+import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
+from aiohttp import http_exceptions, web
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +37,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+MAX_INT_DIGITS = 20  # any 64-bit integer fits; anything longer is refused while parsing
+ErrorMap = Mapping[type[Exception], int | Callable[[Exception], int]]
 
 
 class HTTPProblem(web.HTTPException):
@@ -78,24 +91,62 @@ def auth_middleware(token: str, *, public_paths: Iterable[str] = PUBLIC_PATHS) -
     return middleware
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn every error into JSON with a reason; never let a handler's bug kill the server."""
-    try:
-        return await handler(request)
-    except HTTPProblem:
-        raise
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise _too_large(request) from exc
-    except web.HTTPException as exc:
-        if exc.status_code < 400:
+def error_middleware(errors: ErrorMap | None = None) -> Any:
+    """Turn every error into JSON with a reason; never let a handler's bug kill the server.
+
+    ``errors`` maps domain exceptions (and their subclasses; the first match wins) to a status."""
+    table = dict(errors or {})
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except HTTPProblem:
             raise
-        kept = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
-        code = exc.reason.lower().replace(" ", "_")
-        raise problem(exc.status_code, code, exc.text or exc.reason, headers=kept) from exc
-    except Exception as exc:
-        log.exception("Handler failed for %s %s", request.method, request.path)
-        raise problem(500, "internal", f"internal error: {type(exc).__name__}") from exc
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise _too_large(request) from exc
+        except web.HTTPException as exc:
+            if exc.status_code < 400:
+                raise
+            kept = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
+            code = exc.reason.lower().replace(" ", "_")
+            raise problem(exc.status_code, code, exc.text or exc.reason, headers=kept) from exc
+        except http_exceptions.HttpProcessingError as exc:
+            raise _malformed(request, exc) from exc
+        except Exception as exc:
+            status = _mapped(table, exc)
+            if status is not None:
+                raise problem(status, str(getattr(exc, "code", "bad_request")), str(exc)) from exc
+            log.exception("Handler failed for %s %s", request.method, request.path)
+            raise problem(500, "internal", f"internal error: {type(exc).__name__}") from exc
+
+    return middleware
+
+
+def _mapped(table: ErrorMap, exc: Exception) -> int | None:
+    for kind, status in table.items():
+        if isinstance(exc, kind):
+            return status(exc) if callable(status) else status
+    return None
+
+
+def _malformed(request: web.Request, exc: http_exceptions.HttpProcessingError) -> HTTPProblem:
+    log.debug("Malformed request %s %s from %s: %s", request.method, request.path, request.remote, exc.message)
+    return problem(400, "bad_request", f"malformed request: {exc.message}")
+
+
+class _QuietMalformed(logging.Filter):
+    """On aiohttp's server logger: a malformed request becomes one debug line, not an ERROR traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, http_exceptions.HttpProcessingError):
+            log.debug("Malformed request refused: %s", exc.message or type(exc).__name__)
+            return False
+        return True
+
+
+_QUIET = _QuietMalformed()
 
 
 def _too_large(request: web.Request) -> HTTPProblem:
@@ -104,18 +155,39 @@ def _too_large(request: web.Request) -> HTTPProblem:
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
-    """Read a JSON object body; 400 naming the problem when it is not one."""
+    """Read a JSON object body; 400 naming the problem when it is not one (see the module rules)."""
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise _too_large(request) from exc
+    except http_exceptions.HttpProcessingError as exc:
+        raise _malformed(request, exc) from exc
     try:
-        body = json.loads(raw) if raw else None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        body = json.loads(raw, parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant)
+    except RecursionError as exc:
+        raise problem(400, "bad_json", "request body is nested too deeply") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError and the number checks
         raise problem(400, "bad_json", f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise problem(400, "bad_body", "request body must be a JSON object")
     return body
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"integer of {len(text)} characters is too large (at most {MAX_INT_DIGITS} digits)")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:32]} is out of range")
+    return value
+
+
+def _no_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not a number JSON allows")
 
 
 def field_of(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], *, required: bool = True) -> Any:
@@ -137,16 +209,61 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join(k.__name__ for k in kinds)
 
 
+def integer(
+    body: Mapping[str, Any], name: str, *, low: int, high: int, default: int | None = None, label: str | None = None
+) -> int:
+    """``body[name]`` as an integer in ``[low, high]`` (required unless ``default`` is given);
+    400 naming the field (or ``label``) otherwise."""
+    if name not in body and default is not None:
+        return default
+    return bounded(body.get(name), label or f"field {name!r}", low=low, high=high, present=name in body)
+
+
+def bounded(value: Any, label: str, *, low: int, high: int, present: bool = True) -> int:
+    """``value`` checked to be an integer (not a boolean) in ``[low, high]``; 400 naming ``label``."""
+    if not present:
+        raise problem(400, "missing_field", f"{label} is required")
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise problem(400, "bad_field", f"{label} must be an integer from {low} to {high}")
+    return value
+
+
+def text(
+    body: Mapping[str, Any],
+    name: str,
+    *,
+    max_length: int,
+    pattern: re.Pattern[str] | None = None,
+    required: bool = True,
+    what: str = "",
+) -> str | None:
+    """``body[name]`` as a string of 1 to ``max_length`` characters (matching ``pattern``, described
+    by ``what``); None when absent and not required; 400 naming the field otherwise."""
+    value: str | None = field_of(body, name, str, required=required)
+    if value is None:
+        return None
+    if not 0 < len(value) <= max_length:
+        raise problem(400, "bad_field", f"field {name!r} must be 1 to {max_length} characters")
+    if pattern is not None and pattern.fullmatch(value) is None:
+        raise problem(400, "bad_field", f"field {name!r} must be {what or 'of the form ' + pattern.pattern}")
+    return value
+
+
 def make_app(
     *,
     token: str,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     public_paths: Iterable[str] = PUBLIC_PATHS,
+    errors: ErrorMap | None = None,
 ) -> web.Application:
-    """An aiohttp application with ringseed's error, auth and body-limit rules, and /healthz."""
+    """An aiohttp application with ringseed's error, auth and body-limit rules, and /healthz;
+    ``errors`` maps domain exceptions to statuses (see the module rules)."""
+    server_log = logging.getLogger("aiohttp.server")
+    if _QUIET not in server_log.filters:
+        server_log.addFilter(_QUIET)
     app = web.Application(
         client_max_size=max_body_bytes,
-        middlewares=[error_middleware, auth_middleware(token, public_paths=public_paths)],
+        middlewares=[error_middleware(errors), auth_middleware(token, public_paths=public_paths)],
     )
     app.router.add_get("/healthz", _healthz)
     return app
@@ -170,6 +287,10 @@ class Metrics:
 
     def set(self, name: str, value: float, **labels: str) -> None:
         self._values.setdefault(name, {})[tuple(sorted(labels.items()))] = float(value)
+
+    def clear(self, name: str) -> None:
+        """Drop every series of ``name`` (before setting the ones that exist now)."""
+        self._values[name] = {}
 
     def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
         series = self._values.setdefault(name, {})

@@ -142,7 +142,7 @@ def create_app(
     *, token: str, heartbeat_interval: float, heartbeat_timeout: float, optimize_topology: bool, min_peers: int
 ) -> aioweb.Application:
     """The coordinator's aiohttp application (see the module docstring for the API)."""
-    app = web.make_app(token=token)
+    app = web.make_app(token=token, errors=http.ERRORS)
     state: dict[str, Coordinator] = {}
     if heartbeat_interval <= 0 or heartbeat_timeout <= heartbeat_interval:
         raise ValueError("need 0 < heartbeat_interval < heartbeat_timeout")
@@ -177,10 +177,10 @@ def _routes(app: aioweb.Application, get: Callable[[], Coordinator]) -> None:
     r = app.router
     r.add_post("/v1/join", http.join(get))
     r.add_post("/v1/heartbeat", http.heartbeat(get))
-    r.add_post("/v1/collective/begin", http.round_(get, membership.RoundKind.COLLECTIVE, ("op", "nbytes")))
-    r.add_post("/v1/vote/accept", http.round_(get, membership.RoundKind.ACCEPT, ()))
-    r.add_post("/v1/state/sync", http.round_(get, membership.RoundKind.SYNC, ("revision", "hashes")))
-    r.add_post("/v1/bandwidth", http.round_(get, membership.RoundKind.BANDWIDTH, ("row",)))
+    r.add_post("/v1/collective/begin", http.round_(get, membership.RoundKind.COLLECTIVE))
+    r.add_post("/v1/vote/accept", http.round_(get, membership.RoundKind.ACCEPT))
+    r.add_post("/v1/state/sync", http.round_(get, membership.RoundKind.SYNC))
+    r.add_post("/v1/bandwidth", http.round_(get, membership.RoundKind.BANDWIDTH))
     r.add_post("/v1/collective/end", http.end(get))
     r.add_post("/v1/leave", http.leave(get))
     r.add_get("/v1/topology", http.topology(get))

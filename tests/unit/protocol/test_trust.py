@@ -1,0 +1,170 @@
+"""Trust rules without a tracker: distinct reporters, vouches, decay, credibility, suspect copies."""
+
+from __future__ import annotations
+
+import pytest
+
+from ringseed.protocol import trust
+
+
+def vouch_all(t: trust.Trust, peer: str, fetchers: list[str], now: float) -> None:
+    for fetcher in fetchers:
+        t.vouch(fetcher=fetcher, peer=peer, now=now)
+
+
+def test_one_reporter_never_penalises_however_often_it_reports() -> None:
+    t = trust.Trust()
+    for i in range(50):
+        t.report(reporter="r", peer="p", chunk=i % 3, now=float(i))
+    verdict = t.judge(now=50.0)
+    assert verdict.penalised == frozenset() and verdict.suspect == frozenset()
+    assert set(t.reported_by("r")) == {"p"}  # but r itself is never offered p again
+
+
+def test_two_distinct_reporters_penalise_a_peer_nobody_vouches_for() -> None:
+    t = trust.Trust()
+    t.report(reporter="a", peer="liar", chunk=0, now=1.0)
+    assert t.judge(now=1.0).penalised == frozenset()
+    t.report(reporter="b", peer="liar", chunk=5, now=2.0)
+    assert t.judge(now=2.0).penalised == {"liar"}
+
+
+def test_more_witnesses_can_be_required() -> None:
+    t = trust.Trust(witnesses=3)
+    for reporter in ("a", "b"):
+        t.report(reporter=reporter, peer="p", chunk=0, now=1.0)
+    assert t.judge(now=1.0).penalised == frozenset()
+    t.report(reporter="c", peer="p", chunk=0, now=1.0)
+    assert t.judge(now=1.0).penalised == {"p"}
+    with pytest.raises(ValueError, match="at least 2"):
+        trust.Trust(witnesses=1)
+
+
+def test_serving_verified_chunks_to_others_clears_a_penalty() -> None:
+    t = trust.Trust()
+    for reporter in ("a", "b"):
+        t.report(reporter=reporter, peer="p", chunk=0, now=1.0)
+    assert t.judge(now=1.0).penalised == {"p"}
+    t.vouch(fetcher="c", peer="p", now=2.0)  # fewer vouchers than reporters: still penalised
+    assert t.judge(now=2.0).penalised == {"p"}
+    t.vouch(fetcher="d", peer="p", now=3.0)  # as many: the benefit of the doubt goes to the peer
+    assert t.judge(now=3.0).penalised == frozenset()
+
+
+def test_evidence_decays_after_the_window() -> None:
+    t = trust.Trust(window=100.0)
+    t.report(reporter="a", peer="p", chunk=0, now=0.0)
+    t.report(reporter="b", peer="p", chunk=0, now=50.0)
+    assert t.judge(now=99.0).penalised == {"p"}
+    assert t.judge(now=100.5).penalised == frozenset()  # a's report is older than the window
+    assert set(t.reported_by("a")) == set()
+    t.report(reporter="a", peer="p", chunk=1, now=120.0)  # lies again: caught again
+    assert t.judge(now=120.0).penalised == {"p"}
+    assert t.judge(now=220.5).penalised == frozenset()
+
+
+def test_a_repeated_report_refreshes_its_age() -> None:
+    t = trust.Trust(window=100.0)
+    for now in (0.0, 80.0):
+        t.report(reporter="a", peer="p", chunk=0, now=now)
+    t.report(reporter="b", peer="p", chunk=0, now=90.0)
+    assert t.judge(now=150.0).penalised == {"p"}
+
+
+def test_a_receiver_that_always_fails_verification_is_discredited() -> None:
+    t = trust.Trust()
+    honest = ["h1", "h2", "h3", "h4"]
+    # bad RAM: every chunk it receives fails, so it reports every holder it tries
+    t.report(reporter="bad", peer="h1", chunk=0, now=1.0)
+    t.report(reporter="bad", peer="h2", chunk=1, now=1.0)
+    assert t.judge(now=1.0).discredited == frozenset()  # nothing contradicts it yet
+    for fetcher in honest:  # the others verify chunks from h1 and h2
+        t.vouch(fetcher=fetcher, peer="h1", now=2.0)
+        t.vouch(fetcher=fetcher, peer="h2", now=2.0)
+    assert t.judge(now=2.0).discredited == {"bad"}
+    # its reports no longer count: with one more reporter h1 would otherwise be penalised
+    t.report(reporter="h3", peer="h2", chunk=4, now=3.0)
+    t.report(reporter="h4", peer="h1", chunk=4, now=3.0)
+    assert t.judge(now=3.0).penalised == frozenset()
+
+
+def test_two_faulty_receivers_cannot_remove_an_honest_peer_others_verify() -> None:
+    t = trust.Trust()
+    for bad in ("bad1", "bad2"):
+        for peer in ("h1", "h2"):
+            t.report(reporter=bad, peer=peer, chunk=0, now=1.0)
+    assert t.judge(now=1.0).penalised == {"h1", "h2"}  # before anyone contradicts them
+    for fetcher in ("h3", "h4", "h5"):
+        t.vouch(fetcher=fetcher, peer="h1", now=2.0)
+        t.vouch(fetcher=fetcher, peer="h2", now=2.0)
+    verdict = t.judge(now=2.0)
+    assert verdict.penalised == frozenset() and verdict.discredited == {"bad1", "bad2"}
+
+
+def test_an_honest_node_that_met_liars_stays_credible() -> None:
+    t = trust.Trust()
+    # h1 met two liars that serve good chunks to some nodes (so others vouch for them) ...
+    for liar in ("l1", "l2"):
+        t.report(reporter="h1", peer=liar, chunk=0, now=1.0)
+        vouch_all(t, liar, ["x", "y"], now=1.0)
+    # ... and verified chunks from three honest peers
+    for peer in ("p1", "p2", "p3"):
+        t.vouch(fetcher="h1", peer=peer, now=1.0)
+    assert t.judge(now=1.0).discredited == frozenset()
+
+
+def test_chunk_reported_by_enough_credible_reporters_is_suspect_until_spent() -> None:
+    t = trust.Trust()
+    vouch_all(t, "p", ["v1", "v2", "v3", "v4"], now=0.0)  # p serves most chunks well
+    t.report(reporter="a", peer="p", chunk=7, now=1.0)
+    t.report(reporter="b", peer="p", chunk=8, now=1.0)  # another chunk: no chunk has two reports
+    assert t.judge(now=1.0).suspect == frozenset()
+    t.report(reporter="b", peer="p", chunk=7, now=2.0)
+    verdict = t.judge(now=2.0)
+    assert verdict.suspect == {("p", 7)} and verdict.penalised == frozenset()  # one bad copy, an honest node
+    t.spend(peer="p", chunk=7)
+    assert t.judge(now=2.0).suspect == frozenset()
+    t.report(reporter="c", peer="p", chunk=7, now=3.0)  # a re-announced copy starts afresh
+    assert t.judge(now=3.0).suspect == frozenset()
+
+
+def test_reports_of_discredited_reporters_make_no_chunk_suspect() -> None:
+    t = trust.Trust()
+    for peer in ("h1", "h2"):
+        t.report(reporter="bad", peer=peer, chunk=3, now=1.0)
+        vouch_all(t, peer, ["v1", "v2"], now=1.0)
+    t.report(reporter="other", peer="h1", chunk=3, now=1.0)
+    verdict = t.judge(now=1.0)
+    assert verdict.discredited == {"bad"} and verdict.suspect == frozenset()
+
+
+def test_nobody_reports_or_vouches_for_itself() -> None:
+    t = trust.Trust()
+    t.report(reporter="a", peer="a", chunk=0, now=0.0)
+    assert t.vouch(fetcher="a", peer="a", now=0.0) is False
+    assert t.reported_by("a") == {} and t.vouchers("a") == 0
+
+
+def test_vouch_says_when_it_bears_on_a_judgement() -> None:
+    t = trust.Trust()
+    assert t.vouch(fetcher="a", peer="b", now=0.0) is False  # nobody reported anything
+    t.report(reporter="c", peer="b", chunk=0, now=0.0)
+    assert t.vouch(fetcher="a", peer="b", now=0.0) is True  # b was reported
+    assert t.vouch(fetcher="c", peer="d", now=0.0) is True  # c is a reporter
+
+
+def test_vouch_memory_is_bounded_per_node() -> None:
+    t = trust.Trust(cap=4)
+    for i in range(100):
+        t.vouch(fetcher=f"f{i}", peer="p", now=float(i))
+        t.vouch(fetcher="f", peer=f"p{i}", now=float(i))
+    assert t.vouchers("p") == 4
+
+
+def test_vouches_decay_too() -> None:
+    t = trust.Trust(window=160.0)
+    vouch_all(t, "p", ["v1", "v2", "v3"], now=0.0)
+    for reporter in ("a", "b"):
+        t.report(reporter=reporter, peer="p", chunk=0, now=100.0)
+    assert t.judge(now=100.0).penalised == frozenset()
+    assert t.judge(now=171.0).penalised == {"p"}  # the vouches are older than the window

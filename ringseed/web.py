@@ -131,8 +131,12 @@ def _mapped(table: ErrorMap, exc: Exception) -> int | None:
 
 
 def _malformed(request: web.Request, exc: http_exceptions.HttpProcessingError) -> HTTPProblem:
-    log.debug("Malformed request %s %s from %s: %s", request.method, request.path, request.remote, exc.message)
-    return problem(400, "bad_request", f"malformed request: {exc.message}")
+    log.debug("Malformed request %s %s from %s: %s", request.method, request.path, request.remote, _one_line(exc))
+    return problem(400, "bad_request", f"malformed request: {_one_line(exc)}")
+
+
+def _one_line(exc: http_exceptions.HttpProcessingError) -> str:
+    return " ".join(str(exc.message or type(exc).__name__).split())[:200]
 
 
 class _QuietMalformed(logging.Filter):
@@ -141,7 +145,7 @@ class _QuietMalformed(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, http_exceptions.HttpProcessingError):
-            log.debug("Malformed request refused: %s", exc.message or type(exc).__name__)
+            log.debug("Malformed request refused: %s", _one_line(exc))
             return False
         return True
 
@@ -190,17 +194,26 @@ def _no_constant(text: str) -> Any:
     raise ValueError(f"{text} is not a number JSON allows")
 
 
-def field_of(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], *, required: bool = True) -> Any:
-    """Return ``body[name]`` checked against ``kind``; 400 naming the field otherwise."""
+def field_of(
+    body: Mapping[str, Any],
+    name: str,
+    kind: type | tuple[type, ...],
+    *,
+    required: bool = True,
+    label: str | None = None,
+) -> Any:
+    """Return ``body[name]`` checked against ``kind``; 400 naming the field (or ``label``, for a
+    nested one: ``"field 'problem.reason'"``) otherwise."""
+    label = label or f"field {name!r}"
     if name not in body:
         if required:
-            raise problem(400, "missing_field", f"field {name!r} is required")
+            raise problem(400, "missing_field", f"{label} is required")
         return None
     value = body[name]
     if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise problem(400, "bad_field", f"field {name!r} must be {_kind_name(kind)}, not a boolean")
+        raise problem(400, "bad_field", f"{label} must be {_kind_name(kind)}, not a boolean")
     if not isinstance(value, kind):
-        raise problem(400, "bad_field", f"field {name!r} must be {_kind_name(kind)}, got {type(value).__name__}")
+        raise problem(400, "bad_field", f"{label} must be {_kind_name(kind)}, got {type(value).__name__}")
     return value
 
 
@@ -236,16 +249,18 @@ def text(
     pattern: re.Pattern[str] | None = None,
     required: bool = True,
     what: str = "",
+    label: str | None = None,
 ) -> str | None:
     """``body[name]`` as a string of 1 to ``max_length`` characters (matching ``pattern``, described
-    by ``what``); None when absent and not required; 400 naming the field otherwise."""
-    value: str | None = field_of(body, name, str, required=required)
+    by ``what``); None when absent and not required; 400 naming the field (or ``label``) otherwise."""
+    label = label or f"field {name!r}"
+    value: str | None = field_of(body, name, str, required=required, label=label)
     if value is None:
         return None
     if not 0 < len(value) <= max_length:
-        raise problem(400, "bad_field", f"field {name!r} must be 1 to {max_length} characters")
+        raise problem(400, "bad_field", f"{label} must be 1 to {max_length} characters")
     if pattern is not None and pattern.fullmatch(value) is None:
-        raise problem(400, "bad_field", f"field {name!r} must be {what or 'of the form ' + pattern.pattern}")
+        raise problem(400, "bad_field", f"{label} must be {what or 'of the form ' + pattern.pattern}")
     return value
 
 

@@ -14,8 +14,11 @@ Rules:
 - The layout comes from the tracker; if none is published and this agent holds origin duty,
   it lists the origin (or fetches ``--manifest-uri``) and publishes it.
 - A sync loop heartbeats every ``heartbeat_interval`` (sooner when there is news) with load,
-  counters and the batch of new chunks, and learns duty, hashes and availability. A 404
-  ``unknown_node`` (master restarted or purged us) means register again with everything held.
+  counters, the batch of new chunks (each naming the peer it came from: the tracker's evidence
+  that the peer serves good chunks) and the chunks dropped since, and learns duty, hashes and
+  availability. A chunk the tracker calls ``suspect`` (peers reported our copy bad) is dropped
+  and fetched again. A 404 ``unknown_node`` (master restarted or purged us) means register again
+  with everything held.
 - A verified chunk is held (pinned in the memory tier, announced, served from memory) at once;
   its disk write runs behind it, a bounded number at a time. Its journal line is queued only
   after the write finished; a failed write drops the chunk (fetched again). Materialising waits
@@ -99,7 +102,8 @@ class Agent:
         self.resumed_chunks = 0
         self.streamed_chunks = 0  # verified chunks received by cut-through from the origin puller
         self.rejected_chunks = 0  # chunks received with a wrong hash (served or streamed)
-        self.announce: list[tuple[int, str | None]] = []
+        self.announce: list[tuple[int, str | None, str | None]] = []  # (index, hash on duty, from whom)
+        self.dropped: list[int] = []  # chunks no longer held, to tell the tracker
         self.uncommitted: list[tuple[int, str]] = []
         self.pending_writes: dict[int, asyncio.Task[None]] = {}
         self.write_failures = 0
@@ -204,6 +208,7 @@ class Agent:
         self.heartbeat_interval = float(reply.get("heartbeat_interval", 1.0))
         self.sync_state = {"epoch": reply.get("epoch"), "hash_cursor": 0, "avail_version": -1}
         self.announce.clear()
+        self.dropped.clear()  # the registration listed exactly what we hold
         for index in reply.get("rejected", []):
             self._unhold(int(index))
 
@@ -215,6 +220,9 @@ class Agent:
             self.hashes.pop(index, None)
             self.missing.add(index)
             self.memory.discard(index)
+            self.announce = [a for a in self.announce if a[0] != index]
+            self.dropped.append(index)
+            self.news.set()
 
     async def _adopt(self, layout: manifest.Layout, *, hashes: list[Any] | None) -> None:
         verified = await asyncio.to_thread(self.store.open, layout)
@@ -272,17 +280,25 @@ class Agent:
             await self._register()
 
     async def _heartbeat(self) -> None:
-        batch = self.announce[:MAX_ANNOUNCE]
+        # Taken out before the call: a chunk dropped meanwhile leaves the announcements still to
+        # send (``_unhold``), and the tracker applies ``dropped`` before ``chunks``.
+        batch, self.announce = self.announce[:MAX_ANNOUNCE], self.announce[MAX_ANNOUNCE:]
+        dropped, self.dropped = self.dropped[:MAX_ANNOUNCE], self.dropped[MAX_ANNOUNCE:]
         body = dict(
             self.sync_state,
             load=self.active_uploads,
             counters=self.counters(),
-            chunks=[[i, h] for i, h in batch],
+            chunks=[list(a) for a in batch],
+            dropped=dropped,
             verified_digest=self.verified_digest,
         )
-        reply = await self.tracker.heartbeat(body)
-        del self.announce[: len(batch)]
-        if len(self.announce):
+        try:
+            reply = await self.tracker.heartbeat(body)
+        except BaseException:
+            self.announce[:0] = [a for a in batch if a[0] in self.held]
+            self.dropped[:0] = dropped
+            raise
+        if self.announce or self.dropped:
             self.news.set()
         self._absorb(reply)
 
@@ -300,6 +316,10 @@ class Agent:
         if reply.get("availability") is not None:
             self.availability = [int(n) for n in reply["availability"]]
         self.pulling = {int(i) for i in reply.get("pulling", [])}
+        for index in reply.get("suspect", []):  # other nodes got bad bytes of it from us
+            if int(index) in self.held:
+                log.warning("Peers reported chunk %d from here as corrupt; dropping it to fetch it again", index)
+                self._unhold(int(index))
         self.changed.set()
 
     def counters(self) -> dict[str, int]:
@@ -311,8 +331,13 @@ class Agent:
 
     # -- chunks ------------------------------------------------------------------------------
 
-    async def accept(self, index: int, data: bytes | bytearray, *, digest: str, from_origin: bool) -> bool:
+    async def accept(
+        self, index: int, data: bytes | bytearray, *, digest: str, from_origin: bool, source: str | None = None
+    ) -> bool:
         """Hold a verified chunk: pinned in memory, announced at once, written to disk behind it.
+
+        ``source`` names the peer the bytes came from: the announcement carries it, as evidence
+        for the tracker that the peer serves good chunks.
 
         False if already held. The journal line is queued only when the write has finished (and
         :meth:`store.Store.commit` syncs the data before journaling it). At most
@@ -326,7 +351,7 @@ class Agent:
             await asyncio.to_thread(self.store.write_chunk, index, data)
             if index in self.held:
                 return False
-            self._hold(index, data, digest=digest, from_origin=from_origin)
+            self._hold(index, data, digest=digest, from_origin=from_origin, source=source)
             self.uncommitted.append((index, digest))
             return True
         while len(self.pending_writes) >= limit:
@@ -334,17 +359,17 @@ class Agent:
         if index in self.held or index in self.pending_writes or self.layout is None:
             return False
         self.memory.put(index, data, pin=True)
-        self._hold(index, data, digest=digest, from_origin=from_origin)
+        self._hold(index, data, digest=digest, from_origin=from_origin, source=source)
         self.pending_writes[index] = asyncio.create_task(self._write_behind(index, data, digest))
         return True
 
-    def _hold(self, index: int, data: bytes | bytearray, *, digest: str, from_origin: bool) -> None:
+    def _hold(self, index: int, data: bytes | bytearray, *, digest: str, from_origin: bool, source: str | None) -> None:
         self.held[index] = digest
         self.hashes.setdefault(index, digest)
         self.missing.discard(index)
         if index not in self.memory.pinned:
             self.memory.put(index, data)
-        self.announce.append((index, digest if from_origin else None))
+        self.announce.append((index, digest if from_origin else None, source))
         self.news.set()
         self.changed.set()
 

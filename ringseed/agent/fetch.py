@@ -150,7 +150,7 @@ async def _from_holders(agent: Agent, index: int, peers: list[dict[str, Any]]) -
             continue
         log.info("Chunk %d from %s in %.2f s", index, holder.name, time.monotonic() - started)
         if await _verify(agent, index, data):
-            await agent.accept(index, data, digest=agent.hashes[index], from_origin=False)
+            await agent.accept(index, data, digest=agent.hashes[index], from_origin=False, source=holder.name)
             return True
         await _penalise(agent, holder, index)
     return index in agent.held
@@ -181,7 +181,7 @@ async def stream_chunk(agent: Agent, index: int) -> bool:
         agent.rejected_chunks += 1
         return False
     log.info("Chunk %d streamed from %s in %.2f s (verified)", index, holder.name, time.monotonic() - started)
-    if await agent.accept(index, data, digest=expected, from_origin=False):
+    if await agent.accept(index, data, digest=expected, from_origin=False, source=holder.name):
         agent.streamed_chunks += 1
     return True
 

@@ -2,23 +2,36 @@
 
 Owns the wire format of the tracker API (agents, through ``ringseed/agent/tracker_client.py``,
 are its only client). Every endpoint needs the group's bearer token; bodies are capped and
-checked field by field; errors are JSON ``{"error", "reason"}`` (``ringseed.web``). The master
-never touches the origin and never moves model bytes. State is soft: a restarted master starts
-empty with a new ``epoch`` and agents re-register (they get 404 ``unknown_node``).
+checked field by field; errors are JSON ``{"error", "reason"}`` (``ringseed.web``) naming the
+field. The master never touches the origin and never moves model bytes. State is soft: a
+restarted master starts empty with a new ``epoch`` and agents re-register (they get 404
+``unknown_node``).
 
-Endpoints (bodies are JSON objects; chunk indices are ints, hashes lowercase hex SHA-256):
+Endpoints (bodies are JSON objects; chunk indices are ints in ``[0, MAX_INDEX]``, hashes
+lowercase hex SHA-256, node names 1-253 of ``[A-Za-z0-9._-]`` starting with a letter or digit):
 
 - ``POST /v1/register`` ``{node, url, session, chunks?: {index: hash}, layout?: Layout.to_dict()}``
   -> ``{epoch, heartbeat_interval, offline_after, rejected: [index]}``
-- ``POST /v1/heartbeat`` ``{node, load?, counters?: {origin_bytes, fetched_bytes},
-  chunks?: [[index, hash|null]], verified_digest?, hash_cursor?, epoch?, avail_version?}``
+- ``POST /v1/heartbeat`` ``{node, load?, counters?: {origin_bytes, fetched_bytes, uploaded_bytes},
+  chunks?: [[index, hash|null, from?]], dropped?: [index], verified_digest?, hash_cursor?, epoch?,
+  avail_version?, problem?: {reason, message}|null, revision?: str|null}``
   -> ``{epoch, origin_duty, hashes: {index: hash}, hash_cursor, availability: [int]|null,
-  avail_version, rejected, layout_known, pulling: [index]}`` (``pulling``: chunks being pulled from
-  the origin now). ``chunks`` are batched announcements of verified
-  chunks; a hash rides along only from the origin-duty node. ``hashes`` holds the hashes learned
-  since ``hash_cursor``; ``availability`` is null when ``avail_version`` is current.
-- ``GET /v1/manifest`` -> ``{layout|null, chunk_hashes: [hash|null], digest|null}``
-- ``PUT /v1/manifest`` ``{node, layout, chunk_hashes?}`` (first wins, later must match: 409)
+  avail_version, rejected, layout_known, pulling: [index], suspect: [index]}``.
+  ``chunks`` are batched announcements of verified chunks; a hash rides along only from the
+  origin-duty node; ``from`` names the node the chunk was fetched (or streamed) from, null or
+  absent when it came from the origin: it is the evidence that the node serves good chunks.
+  ``dropped`` lists chunks the node no longer holds (processed before ``chunks``).
+  ``problem`` is the node's current blocking problem (``reason`` CamelCase, at most 64
+  characters; ``message`` one sentence, whitespace folded and cut to ``MAX_MESSAGE``
+  characters) or null when it has none; ``revision`` the source revision of the copy it holds
+  (at most 128 of ``[A-Za-z0-9._:+-]``); either left out means unchanged. Counters are integers
+  in ``[0, 2**63 - 1]``, ``load`` in ``[0, MAX_LOAD]``. In the reply, ``hashes`` holds the hashes
+  learned since ``hash_cursor``; ``availability`` is null when ``avail_version`` is current;
+  ``pulling`` lists chunks being pulled from the origin now; ``suspect`` lists chunks of this
+  node that other nodes reported bad: the tracker no longer lists it as their holder, and it
+  should check them (drop or announce again). A reply repeats them until then.
+- ``GET /v1/manifest`` -> ``{layout|null, chunk_hashes: [hash|null], digest|null, revision|null}``
+- ``PUT /v1/manifest`` ``{node, layout, chunk_hashes?, revision?}`` (first wins, later must match: 409)
 - ``POST /v1/origin/claim`` ``{node, count}`` -> ``{chunks: [index]}`` (403 without origin duty)
 - ``GET /v1/peers?chunk=I&node=N`` -> ``{peers: [{name, url, load}], streaming: {name, url}|null}``
   (``streaming``: when nobody holds the chunk, the node pulling it, which serves ``?stream=1``)
@@ -31,10 +44,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal
 
 from aiohttp import web as aioweb
 
@@ -42,20 +56,30 @@ from ringseed import web
 from ringseed.protocol import manifest, tracker
 
 MAX_BODY_BYTES = 16 << 20
+MAX_INDEX = (1 << 31) - 1
+MAX_COUNTER = (1 << 63) - 1
+MAX_LOAD = 1 << 20
+MAX_MESSAGE = 512
 TRACKER_KEY = aioweb.AppKey("tracker", tracker.Tracker)
-_ERRORS: dict[type[Exception], int] = {
+ERRORS: web.ErrorMap = {
     tracker.UnknownNode: 404,
     tracker.Conflict: 409,
     tracker.Forbidden: 403,
     tracker.TrackerError: 400,
     manifest.ManifestError: 400,
 }
-Handler = Callable[[aioweb.Request], Awaitable[aioweb.StreamResponse]]
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+TOKEN = re.compile(r"[A-Za-z0-9._-]{1,128}")
+URL = re.compile(r"https?://[^\s/?#]+(/[^\s]*)?")
+REASON = re.compile(r"[A-Z][A-Za-z0-9]{0,63}")
+REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}")
+HEX64 = re.compile(r"[0-9a-f]{64}")
+DIGITS = re.compile(r"[0-9]{1,10}")
 
 
 def create_app(*, token: str, offline_after: float, heartbeat_interval: float, seeders: int) -> aioweb.Application:
     """The tracker-role application (state lives on ``app[TRACKER_KEY]``)."""
-    app = web.make_app(token=token, max_body_bytes=MAX_BODY_BYTES)
+    app = web.make_app(token=token, max_body_bytes=MAX_BODY_BYTES, errors=ERRORS)
     state = tracker.Tracker(
         epoch=secrets.token_hex(8),
         offline_after=offline_after,
@@ -65,29 +89,17 @@ def create_app(*, token: str, offline_after: float, heartbeat_interval: float, s
     )
     app[TRACKER_KEY] = state
     api = _Api(state, heartbeat_interval=heartbeat_interval)
-    app.router.add_post("/v1/register", _guard(api.register))
-    app.router.add_post("/v1/heartbeat", _guard(api.heartbeat))
-    app.router.add_get("/v1/manifest", _guard(api.get_manifest))
-    app.router.add_put("/v1/manifest", _guard(api.put_manifest))
-    app.router.add_post("/v1/origin/claim", _guard(api.claim))
-    app.router.add_get("/v1/peers", _guard(api.peers))
-    app.router.add_post("/v1/report", _guard(api.report))
-    app.router.add_get("/v1/status", _guard(api.status))
+    app.router.add_post("/v1/register", api.register)
+    app.router.add_post("/v1/heartbeat", api.heartbeat)
+    app.router.add_get("/v1/manifest", api.get_manifest)
+    app.router.add_put("/v1/manifest", api.put_manifest)
+    app.router.add_post("/v1/origin/claim", api.claim)
+    app.router.add_get("/v1/peers", api.peers)
+    app.router.add_post("/v1/report", api.report)
+    app.router.add_get("/v1/status", api.status)
     app.router.add_get("/metrics", api.metrics.handler(api.refresh_metrics))
     app.cleanup_ctx.append(_purge_loop(state, every=min(1.0, offline_after / 4)))
     return app
-
-
-def _guard(handler: Handler) -> Handler:
-    async def guarded(request: aioweb.Request) -> aioweb.StreamResponse:
-        try:
-            return await handler(request)
-        except tuple(_ERRORS) as exc:
-            status = next(code for kind, code in _ERRORS.items() if isinstance(exc, kind))
-            code = getattr(exc, "code", "bad_request")
-            raise web.problem(status, code, str(exc)) from exc
-
-    return guarded
 
 
 def _purge_loop(state: tracker.Tracker, *, every: float) -> Callable[[aioweb.Application], AsyncIterator[None]]:
@@ -106,25 +118,40 @@ def _purge_loop(state: tracker.Tracker, *, every: float) -> Callable[[aioweb.App
     return ctx
 
 
-def _index(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise web.problem(400, "bad_field", f"{name} must be a non-negative integer chunk index")
-    return value
+# -- fields ------------------------------------------------------------------------------
 
 
-def _hash(value: Any, name: str) -> str | None:
+def _index(value: Any, label: str) -> int:
+    return web.bounded(value, label, low=0, high=MAX_INDEX)
+
+
+def _hash(value: Any, label: str) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or len(value) != 64 or not set(value) <= set("0123456789abcdef"):
-        raise web.problem(400, "bad_field", f"{name} must be a lowercase hex SHA-256 or null")
+    if not isinstance(value, str) or HEX64.fullmatch(value) is None:
+        raise web.problem(400, "bad_field", f"{label} must be a lowercase hex SHA-256 or null")
     return value
 
 
 def _name(body: dict[str, Any], key: str = "node") -> str:
-    value: str = web.field_of(body, key, str)
-    if not 0 < len(value) <= 253:
-        raise web.problem(400, "bad_field", f"field {key!r} must be 1 to 253 characters")
+    value = web.text(body, key, max_length=253, pattern=NAME, what="a node name (letters, digits, '.', '_', '-')")
+    assert value is not None
     return value
+
+
+def _node_or_null(value: Any, label: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or NAME.fullmatch(value) is None:
+        raise web.problem(400, "bad_field", f"{label} must be a node name or null")
+    return value
+
+
+def _list(body: dict[str, Any], key: str, what: str) -> list[Any]:
+    raw = body.get(key, [])
+    if not isinstance(raw, list):
+        raise web.problem(400, "bad_field", f"field {key!r} must be a list of {what}")
+    return raw
 
 
 def _chunk_map(raw: Any) -> dict[int, str]:
@@ -132,43 +159,58 @@ def _chunk_map(raw: Any) -> dict[int, str]:
         raise web.problem(400, "bad_field", "field 'chunks' must be an object {index: hash}")
     out: dict[int, str] = {}
     for key, value in raw.items():
-        try:
-            index = int(key)
-        except ValueError as exc:
-            raise web.problem(400, "bad_field", f"chunks key {key!r} is not a chunk index") from exc
+        if DIGITS.fullmatch(key) is None:
+            raise web.problem(400, "bad_field", f"chunks key {key[:32]!r} is not a chunk index")
         digest = _hash(value, f"chunks[{key}]")
         if digest is None:
             raise web.problem(400, "bad_field", f"chunks[{key}] needs a hash")
-        out[_index(index, f"chunks key {key}")] = digest
+        out[_index(int(key), f"chunks key {key}")] = digest
     return out
 
 
-def _chunk_list(raw: Any) -> list[tuple[int, str | None]]:
-    if not isinstance(raw, list):
-        raise web.problem(400, "bad_field", "field 'chunks' must be a list of [index, hash|null]")
-    out: list[tuple[int, str | None]] = []
-    for i, item in enumerate(raw):
-        if not isinstance(item, list) or len(item) != 2:
-            raise web.problem(400, "bad_field", f"chunks[{i}] must be [index, hash|null]")
-        out.append((_index(item[0], f"chunks[{i}][0]"), _hash(item[1], f"chunks[{i}][1]")))
+def _announcements(body: dict[str, Any]) -> list[tracker.Announcement]:
+    out: list[tracker.Announcement] = []
+    for i, item in enumerate(_list(body, "chunks", "[index, hash|null, from?]")):
+        if not isinstance(item, list) or len(item) not in (2, 3):
+            raise web.problem(400, "bad_field", f"chunks[{i}] must be [index, hash|null, from?]")
+        index, digest = _index(item[0], f"chunks[{i}][0]"), _hash(item[1], f"chunks[{i}][1]")
+        source = _node_or_null(item[2], f"chunks[{i}][2]") if len(item) == 3 else None
+        out.append((index, digest, source))
     return out
 
 
-def _int_or(body: dict[str, Any], name: str, default: int) -> int:
-    value = web.field_of(body, name, int, required=False)
-    return default if value is None else int(value)
-
-
-def _counters(raw: Any) -> dict[str, int]:
+def _counters(body: dict[str, Any]) -> dict[str, int]:
+    raw = body.get("counters", {})
     if not isinstance(raw, dict):
         raise web.problem(400, "bad_field", "field 'counters' must be an object of integers")
-    out: dict[str, int] = {}
-    for key in ("origin_bytes", "fetched_bytes", "uploaded_bytes"):
-        value = raw.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise web.problem(400, "bad_field", f"counters.{key} must be a non-negative integer")
-        out[key] = value
-    return out
+    names = ("origin_bytes", "fetched_bytes", "uploaded_bytes")
+    return {k: web.integer(raw, k, low=0, high=MAX_COUNTER, default=0, label=f"counters.{k}") for k in names}
+
+
+def _problem(body: dict[str, Any]) -> tracker.Problem | Literal[tracker.Keep.KEEP] | None:
+    if "problem" not in body:
+        return tracker.KEEP
+    raw = body["problem"]
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise web.problem(400, "bad_field", "field 'problem' must be {reason, message} or null")
+    what = "a CamelCase reason of at most 64 letters and digits (e.g. DiskFull)"
+    reason = web.text(raw, "reason", max_length=64, pattern=REASON, what=what, label="field 'problem.reason'")
+    message = web.field_of(raw, "message", str, label="field 'problem.message'")
+    folded = " ".join(message.split())
+    if len(folded) > MAX_MESSAGE:
+        folded = folded[: MAX_MESSAGE - 1] + "\u2026"
+    assert reason is not None
+    return tracker.Problem(reason=reason, message=folded)
+
+
+def _revision(body: dict[str, Any]) -> str | Literal[tracker.Keep.KEEP] | None:
+    if "revision" not in body:
+        return tracker.KEEP
+    if body["revision"] is None:
+        return None
+    return web.text(body, "revision", max_length=128, pattern=REVISION, what="a revision id ([A-Za-z0-9._:+-])")
 
 
 class _Api:
@@ -179,18 +221,30 @@ class _Api:
         self.heartbeat_interval = heartbeat_interval
         self.rng = random.Random()
         self.metrics = web.Metrics()
-        self.metrics.declare("tracker_nodes", "gauge", "registered nodes (online)")
-        self.metrics.declare("tracker_nodes_ready", "gauge", "nodes holding a verified model")
-        self.metrics.declare("tracker_bytes_from_origin", "gauge", "bytes pulled from the origin by all agents")
-        self.metrics.declare("tracker_throughput_bps", "gauge", "summed agent download rate")
-        self.metrics.declare("tracker_requests_total", "counter", "tracker API requests by endpoint")
+        m = self.metrics
+        m.declare("tracker_nodes", "gauge", "registered nodes (online)")
+        m.declare("tracker_nodes_ready", "gauge", "nodes holding a verified model")
+        m.declare("tracker_nodes_penalised", "gauge", "nodes penalised for serving chunks that failed verification")
+        m.declare("tracker_nodes_discredited", "gauge", "nodes whose reports others contradicted")
+        m.declare("tracker_node_problem", "gauge", "1 per node with a blocking problem, by reason")
+        m.declare("tracker_bytes_from_origin", "gauge", "bytes pulled from the origin by all agents")
+        m.declare("tracker_throughput_bps", "gauge", "summed agent download rate")
+        m.declare("tracker_requests_total", "counter", "tracker API requests by endpoint")
+        m.declare("tracker_reports_total", "counter", "reports of chunks that failed verification")
 
     def refresh_metrics(self) -> None:
         status = self.state.status(now=time.monotonic())
-        self.metrics.set("tracker_nodes", len(self.state.nodes))
-        self.metrics.set("tracker_nodes_ready", status["nodes_ready"])
-        self.metrics.set("tracker_bytes_from_origin", status["bytes_from_origin"])
-        self.metrics.set("tracker_throughput_bps", status["throughput_bps"])
+        m = self.metrics
+        m.set("tracker_nodes", len(self.state.nodes))
+        m.set("tracker_nodes_ready", status["nodes_ready"])
+        m.set("tracker_nodes_penalised", len(self.state.penalised))
+        m.set("tracker_nodes_discredited", len(self.state.discredited))
+        m.set("tracker_bytes_from_origin", status["bytes_from_origin"])
+        m.set("tracker_throughput_bps", status["throughput_bps"])
+        m.clear("tracker_node_problem")
+        for name, entry in status["nodes"].items():
+            if entry["reason"] is not None:
+                m.set("tracker_node_problem", 1, node=name, reason=entry["reason"])
 
     async def register(self, request: aioweb.Request) -> aioweb.Response:
         self.metrics.inc("tracker_requests_total", endpoint="register")
@@ -199,8 +253,8 @@ class _Api:
         layout = manifest.Layout.from_dict(raw_layout) if raw_layout is not None else None
         rejected = self.state.register(
             node=_name(body),
-            url=web.field_of(body, "url", str),
-            session=web.field_of(body, "session", str),
+            url=str(web.text(body, "url", max_length=2048, pattern=URL, what="an http(s) URL")),
+            session=str(web.text(body, "session", max_length=128, pattern=TOKEN, what="a session id")),
             now=time.monotonic(),
             chunks=_chunk_map(body.get("chunks", {})),
             layout=layout,
@@ -217,17 +271,20 @@ class _Api:
     async def heartbeat(self, request: aioweb.Request) -> aioweb.Response:
         self.metrics.inc("tracker_requests_total", endpoint="heartbeat")
         body = await web.read_json(request)
-        load = web.field_of(body, "load", int, required=False) or 0
+        dropped = [_index(v, f"dropped[{i}]") for i, v in enumerate(_list(body, "dropped", "chunk indices"))]
         reply = self.state.heartbeat(
             node=_name(body),
             now=time.monotonic(),
-            load=load,
-            counters=_counters(body.get("counters", {})),
-            chunks=_chunk_list(body.get("chunks", [])),
-            verified_digest=_hash(body.get("verified_digest"), "verified_digest"),
-            hash_cursor=_int_or(body, "hash_cursor", 0),
-            epoch=web.field_of(body, "epoch", str, required=False),
-            avail_version=_int_or(body, "avail_version", -1),
+            load=web.integer(body, "load", low=0, high=MAX_LOAD, default=0),
+            counters=_counters(body),
+            chunks=_announcements(body),
+            dropped=dropped,
+            verified_digest=_hash(body.get("verified_digest"), "field 'verified_digest'"),
+            hash_cursor=web.integer(body, "hash_cursor", low=0, high=MAX_COUNTER, default=0),
+            epoch=web.text(body, "epoch", max_length=128, pattern=TOKEN, required=False, what="an epoch id"),
+            avail_version=web.integer(body, "avail_version", low=-1, high=MAX_COUNTER, default=-1),
+            problem=_problem(body),
+            revision=_revision(body),
         )
         return aioweb.json_response(
             {
@@ -240,6 +297,7 @@ class _Api:
                 "rejected": reply.rejected,
                 "layout_known": reply.layout_known,
                 "pulling": reply.pulling,
+                "suspect": reply.suspect,
             }
         )
 
@@ -250,6 +308,7 @@ class _Api:
                 "layout": layout.to_dict() if layout is not None else None,
                 "chunk_hashes": list(self.state.hashes),
                 "digest": self.state.digest,
+                "revision": self.state.revision,
             }
         )
 
@@ -257,25 +316,27 @@ class _Api:
         body = await web.read_json(request)
         layout = manifest.Layout.from_dict(web.field_of(body, "layout", dict))
         hashes = web.field_of(body, "chunk_hashes", list, required=False)
-        self.state.publish(node=_name(body), layout=layout, hashes=hashes, now=time.monotonic())
+        revision = web.text(body, "revision", max_length=128, pattern=REVISION, required=False, what="a revision id")
+        node = _name(body)
+        self.state.publish(node=node, layout=layout, hashes=hashes, now=time.monotonic(), revision=revision)
         return aioweb.json_response({"ok": True, "digest": self.state.digest})
 
     async def claim(self, request: aioweb.Request) -> aioweb.Response:
         body = await web.read_json(request)
-        count = web.field_of(body, "count", int)
-        if not 0 < count <= 1024:
-            raise web.problem(400, "bad_field", "field 'count' must be between 1 and 1024")
+        count = web.integer(body, "count", low=1, high=1024)
         chunks = self.state.claim_origin(node=_name(body), count=count, now=time.monotonic())
         return aioweb.json_response({"chunks": chunks})
 
     async def peers(self, request: aioweb.Request) -> aioweb.Response:
         self.metrics.inc("tracker_requests_total", endpoint="peers")
-        try:
-            chunk = int(request.query.get("chunk", ""))
-        except ValueError as exc:
-            raise web.problem(400, "bad_query", "query parameter 'chunk' must be an integer") from exc
+        raw = request.query.get("chunk", "")
+        if DIGITS.fullmatch(raw) is None:
+            raise web.problem(400, "bad_query", "query parameter 'chunk' must be a chunk index (decimal digits)")
+        index = _index(int(raw), "query parameter 'chunk'")
         node = request.query.get("node", "")
-        now, index = time.monotonic(), _index(chunk, "chunk")
+        if node and NAME.fullmatch(node) is None:
+            raise web.problem(400, "bad_query", "query parameter 'node' must be a node name")
+        now = time.monotonic()
         found = self.state.peers(chunk=index, node=node, now=now, rng=self.rng)
         source = None if found else self.state.stream_source(chunk=index, node=node, now=now)
         return aioweb.json_response(
@@ -287,8 +348,9 @@ class _Api:
 
     async def report(self, request: aioweb.Request) -> aioweb.Response:
         body = await web.read_json(request)
-        chunk = _index(web.field_of(body, "chunk", int), "chunk")
+        chunk = web.integer(body, "chunk", low=0, high=MAX_INDEX)
         self.state.report(reporter=_name(body), peer=_name(body, "peer"), chunk=chunk, now=time.monotonic())
+        self.metrics.inc("tracker_reports_total")
         return aioweb.json_response({"ok": True})
 
     async def status(self, request: aioweb.Request) -> aioweb.Response:

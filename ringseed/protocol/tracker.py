@@ -1,4 +1,4 @@
-"""Tracker state: who holds which chunk, which hashes are known, who pulls from the origin.
+"""Tracker state: who holds which chunk, which hashes are known, who pulls from the origin, whom to trust.
 
 Owns the soft state of one distribution (the master's tracker role keeps one :class:`Tracker`;
 the simulator drives the same object). Pure: no I/O; time is the ``now`` argument (seconds,
@@ -17,33 +17,49 @@ Rules:
   soft state) agents re-register with the chunks they verified and their hashes; unknown
   hashes are then restored from those registrations (any registered token holder is trusted
   that far), conflicting ones are refused.
-- A chunk counts as held only once its hash is known. Availability (for rarest first) counts
-  holders that are not penalised. A peer reported for serving bad bytes is penalised: it is
-  never handed out as a source again and never gets origin duty.
-- Origin duty goes to ``seeders`` online, unpenalised nodes (earliest registered first). A duty
-  holder claims chunks nobody holds; each such chunk is assigned to one holder at a time, so a
-  chunk is pulled from the origin once while a copy lives inside. For ``claim_grace`` seconds
-  after the tracker starts no chunk is assigned: after a master restart, agents first get the
-  time to re-register and re-announce what they hold, so held chunks are not pulled again;
-  when the layout is first published by PUT (no agent brought one), nothing is held anywhere
-  and the grace ends at once.
+- A chunk counts as held only once its hash is known. An announcement may name the node the
+  chunk came from (a *vouch* for that node, see :mod:`ringseed.protocol.trust`); a node that
+  drops a chunk says so and stops being listed as its holder. Availability (for rarest first)
+  counts holders that are not penalised.
+- Trust (:mod:`ringseed.protocol.trust`) judges from reports of bad chunks and vouches for good
+  ones, after every report, after vouches that bear on a report, and on every purge (evidence
+  decays). A penalised node is never handed out as a source (nor as a stream source), does not
+  count in availability and never holds origin duty; a node is never handed a peer it reported
+  itself. A copy that enough nodes reported bad stops being listed, and its holder is told
+  (``suspect`` in every heartbeat reply until it drops or announces the chunk again) so that it
+  checks its copy.
+- Origin duty goes to ``seeders`` online, unpenalised nodes, credible ones (not discredited)
+  first, earliest registered first; a holder keeps its duty while it stays eligible, but a
+  discredited holder gives way to a credible node. A duty holder claims chunks nobody holds;
+  each such chunk is assigned to one holder at a time, so a chunk is pulled from the origin
+  once while a copy lives inside. A node that leaves duty for any reason (purged, penalised,
+  discredited) loses its open assignments at once, so another holder pulls them. For
+  ``claim_grace`` seconds after the tracker starts no chunk is assigned: after a master
+  restart, agents first get the time to re-register and re-announce what they hold, so held
+  chunks are not pulled again; when the layout is first published by PUT (no agent brought
+  one), nothing is held anywhere and the grace ends at once.
 - Peers for a chunk: online holders other than the asker, fewest active uploads first (the
   load reported in heartbeats plus the hand-outs since), penalised peers excluded. A chunk
   nobody holds yet may have a stream source: the node pulling it from the origin now (its
   assignment), which can send the bytes as they arrive. Heartbeat replies list the chunks
   being pulled (``pulling``) so that idle nodes know what they could stream.
+- Each node's latest blocking problem (reason, message) and source revision are kept as it
+  last reported them (a heartbeat that leaves them out changes nothing).
 - Completion is derived from availability: a node is complete when it holds every chunk, and
   verified when it reported a materialised model whose manifest digest matches.
 """
 
 from __future__ import annotations
 
+import enum
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from ringseed.protocol import choice, manifest, tracker_view
+from ringseed.protocol import choice, manifest, tracker_view, trust
+
+MAX_CHUNKS = 1 << 21  # 2 TiB at the smallest chunk size, 128 TiB at the default
 
 
 class TrackerError(Exception):
@@ -64,6 +80,27 @@ class Forbidden(TrackerError):
     code = "forbidden"
 
 
+class Keep(enum.Enum):
+    """The type of :data:`KEEP`."""
+
+    KEEP = "keep"
+
+
+KEEP: Literal[Keep.KEEP] = Keep.KEEP
+"""Heartbeat argument meaning "unchanged since the last report"."""
+
+# (index, hash or None, node it came from or None); a 2-tuple leaves out where it came from
+Announcement = tuple[int, str | None] | tuple[int, str | None, str | None]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A node's current blocking problem: a CamelCase reason and one sentence."""
+
+    reason: str
+    message: str
+
+
 @dataclass
 class NodeState:
     """What the tracker knows of one registered node (mutable, owned by the tracker)."""
@@ -82,6 +119,9 @@ class NodeState:
     verified_digest: str | None = None
     throughput: float = 0.0
     sample: tuple[float, int] | None = None
+    problem: Problem | None = None
+    revision: str | None = None
+    suspect: set[int] = field(default_factory=set)  # reported bad here: told until dropped or announced
 
 
 @dataclass(frozen=True)
@@ -96,19 +136,28 @@ class HeartbeatReply:
     rejected: list[int]
     layout_known: bool
     pulling: list[int] = field(default_factory=list)
+    suspect: list[int] = field(default_factory=list)
 
 
 class Tracker:
     """The tracker's soft state for one model."""
 
     def __init__(
-        self, *, epoch: str, offline_after: float, seeders: int = 1, now: float = 0.0, claim_grace: float = 0.0
+        self,
+        *,
+        epoch: str,
+        offline_after: float,
+        seeders: int = 1,
+        now: float = 0.0,
+        claim_grace: float = 0.0,
+        judge: trust.Trust | None = None,
     ) -> None:
         self.epoch = epoch
         self.claims_from = now + claim_grace
         self.offline_after = offline_after
         self.seeders = max(1, seeders)
         self.layout: manifest.Layout | None = None
+        self.revision: str | None = None
         self.hashes: list[str | None] = []
         self.hash_log: list[int] = []
         self.holders: list[set[str]] = []
@@ -116,7 +165,9 @@ class Tracker:
         self.departed: dict[str, dict[str, Any]] = {}
         self.duty: list[str] = []
         self.assigned: dict[int, str] = {}
-        self.penalised: dict[str, set[str]] = {}
+        self.trust = judge if judge is not None else trust.Trust()
+        self.penalised: frozenset[str] = frozenset()
+        self.discredited: frozenset[str] = frozenset()
         self.origin_bytes_gone = 0
         self.avail_version = 0
         self._avail: list[int] = []
@@ -124,12 +175,22 @@ class Tracker:
 
     # -- layout and hashes -------------------------------------------------------------
 
-    def publish(self, *, node: str, layout: manifest.Layout, hashes: Sequence[str] | None, now: float) -> None:
+    def publish(
+        self,
+        *,
+        node: str,
+        layout: manifest.Layout,
+        hashes: Sequence[str] | None,
+        now: float,
+        revision: str | None = None,
+    ) -> None:
         """Set the layout (first wins, later must match) and, from a manifest, every hash."""
         self._node(node, now)
         if self.layout is None and not any(s.have for s in self.nodes.values()):
             self.claims_from = min(self.claims_from, now)  # a fresh start: nothing to wait for
         self._set_layout(layout)
+        if revision is not None and self.revision is None:
+            self.revision = revision
         if hashes is None:
             return
         checked = manifest.Manifest(layout=layout, chunk_hashes=tuple(hashes)).chunk_hashes
@@ -144,6 +205,8 @@ class Tracker:
             if layout != self.layout:
                 raise Conflict("a different layout is already published for this model")
             return
+        if layout.chunk_count > MAX_CHUNKS:
+            raise TrackerError(f"layout has {layout.chunk_count} chunks, more than {MAX_CHUNKS}: use bigger chunks")
         self.layout = layout
         self.hashes = [None] * layout.chunk_count
         self.holders = [set() for _ in range(layout.chunk_count)]
@@ -184,7 +247,10 @@ class Tracker:
         chunks: Mapping[int, str] | None = None,
         layout: manifest.Layout | None = None,
     ) -> list[int]:
-        """(Re-)register a node with the chunks it verified; returns the chunk indices refused."""
+        """(Re-)register a node with the chunks it verified; returns the chunk indices refused.
+
+        What others said about the node (:mod:`ringseed.protocol.trust`) is keyed by its name
+        and survives re-registration."""
         if layout is not None:
             self._set_layout(layout)
         old = self.nodes.get(node)
@@ -194,7 +260,7 @@ class Tracker:
         self.nodes[node] = NodeState(name=node, url=url, session=session, registered_at=now, last_seen=now)
         if old is not None and old.session == session:
             self.nodes[node].origin_bytes = old.origin_bytes
-        rejected = self._add_chunks(node, (chunks or {}).items(), restoring=True)
+        rejected = self._add_chunks(node, ((i, h) for i, h in (chunks or {}).items()), restoring=True, now=now)
         self._refresh_duty(now)
         return rejected
 
@@ -205,10 +271,12 @@ class Tracker:
         state.last_seen = now
         return state
 
-    def _add_chunks(self, node: str, items: Iterable[tuple[int, str | None]], *, restoring: bool) -> list[int]:
+    def _add_chunks(self, node: str, items: Iterable[Announcement], *, restoring: bool, now: float) -> list[int]:
         state = self.nodes[node]
         rejected: list[int] = []
-        for index, digest in items:
+        rejudge = False
+        for item in items:
+            index, digest = item[0], item[1]
             if self.layout is None or not 0 <= index < len(self.hashes):
                 rejected.append(index)
                 continue
@@ -218,6 +286,9 @@ class Tracker:
             if self.hashes[index] is None:
                 rejected.append(index)
                 continue
+            source = item[2] if len(item) > 2 else None
+            if source is not None and source in self.holders[index]:
+                rejudge |= self.trust.vouch(fetcher=node, peer=source, now=now)
             if index not in state.have:
                 state.have.add(index)
                 state.have_bytes += self.layout.chunk_length(index)
@@ -225,7 +296,18 @@ class Tracker:
                 self.assigned.pop(index, None)
                 self._avail[index] += node not in self.penalised
                 self._changed()
+        if rejudge:
+            self._judge(now)
         return rejected
+
+    def _remove_chunk(self, state: NodeState, index: int) -> None:
+        if index not in state.have or self.layout is None:
+            return
+        state.have.discard(index)
+        state.have_bytes -= self.layout.chunk_length(index)
+        self.holders[index].discard(state.name)
+        self._avail[index] -= state.name not in self.penalised
+        self._changed()
 
     def heartbeat(
         self,
@@ -234,18 +316,31 @@ class Tracker:
         now: float,
         load: int = 0,
         counters: Mapping[str, int] | None = None,
-        chunks: Iterable[tuple[int, str | None]] = (),
+        chunks: Iterable[Announcement] = (),
+        dropped: Iterable[int] = (),
         verified_digest: str | None = None,
         hash_cursor: int = 0,
         epoch: str | None = None,
         avail_version: int = -1,
+        problem: Problem | Literal[Keep.KEEP] | None = KEEP,
+        revision: str | Literal[Keep.KEEP] | None = KEEP,
     ) -> HeartbeatReply:
-        """Record liveness, load, counters and new chunks; answer with duty, hashes, availability."""
+        """Record liveness, load, counters, dropped and new chunks, problem and revision; answer
+        with duty, hashes, availability, what is being pulled and which of its chunks to check."""
         state = self._node(node, now)
         state.load, state.handed = max(0, load), 0
         state.verified_digest = verified_digest
+        if problem is not KEEP:
+            state.problem = problem
+        if revision is not KEEP:
+            state.revision = revision
         self._counters(state, counters or {}, now)
-        rejected = self._add_chunks(node, chunks, restoring=False)
+        chunks = list(chunks)
+        for index in dropped:
+            self._remove_chunk(state, index)
+            state.suspect.discard(index)
+        rejected = self._add_chunks(node, chunks, restoring=False, now=now)
+        state.suspect.difference_update(item[0] for item in chunks)
         self._refresh_duty(now)
         cursor = hash_cursor if epoch == self.epoch and 0 <= hash_cursor <= len(self.hash_log) else 0
         new = {i: self.hashes[i] or "" for i in self.hash_log[cursor:]}
@@ -259,6 +354,7 @@ class Tracker:
             rejected=rejected,
             layout_known=self.layout is not None,
             pulling=sorted(self.assigned),
+            suspect=sorted(state.suspect),
         )
 
     def _counters(self, state: NodeState, counters: Mapping[str, int], now: float) -> None:
@@ -271,14 +367,14 @@ class Tracker:
         state.fetched_bytes = fetched
 
     def purge(self, *, now: float) -> list[str]:
-        """Drop nodes silent for longer than ``offline_after``; returns their names."""
+        """Drop nodes silent for longer than ``offline_after`` and let old evidence decay;
+        returns the names of the nodes dropped."""
         gone = [n for n, s in self.nodes.items() if now - s.last_seen > self.offline_after]
         for name in gone:
             state = self.nodes.pop(name)
             self.departed[name] = tracker_view.node_entry(self, state, online=False)
             self._drop(state, keep_counters=False)
-        if gone:
-            self._refresh_duty(now)
+        self._judge(now)
         return gone
 
     def _drop(self, state: NodeState, *, keep_counters: bool) -> None:
@@ -299,17 +395,22 @@ class Tracker:
         return now - state.last_seen <= self.offline_after and state.name not in self.penalised
 
     def _refresh_duty(self, now: float) -> None:
-        self.duty = [n for n in self.duty if n in self.nodes and self._online(self.nodes[n], now)]
-        if len(self.duty) >= self.seeders:
-            return
-        candidates = sorted(
-            (s for s in self.nodes.values() if s.name not in self.duty and self._online(s, now)),
-            key=lambda s: (s.registered_at, s.name),
+        """Keep ``seeders`` eligible duty holders, credible first; leavers lose their assignments."""
+        eligible = {n: s for n, s in self.nodes.items() if self._online(s, now)}
+        credible = sum(1 for n in eligible if n not in self.discredited)
+        kept = [n for n in self.duty if n in eligible and n not in self.discredited]
+        doubtful = [n for n in self.duty if n in eligible and n in self.discredited]
+        kept += doubtful[: max(0, self.seeders - credible)]  # seats no credible node can take
+        ranked = sorted(
+            (s for n, s in eligible.items() if n not in kept),
+            key=lambda s: (s.name in self.discredited, s.registered_at, s.name),
         )
-        for state in candidates[: self.seeders - len(self.duty)]:
-            self.duty.append(state.name)
+        kept += [s.name for s in ranked[: max(0, self.seeders - len(kept))]]
+        self.duty = kept
+        if any(n not in kept for n in self.assigned.values()):
+            self.assigned = {i: n for i, n in self.assigned.items() if n in kept}
 
-    # -- origin, peers, penalties --------------------------------------------------------
+    # -- origin, peers, trust -----------------------------------------------------------
 
     def claim_origin(self, *, node: str, count: int, now: float) -> list[int]:
         """Chunks ``node`` (on origin duty) should pull: its open assignments, topped up to ``count``."""
@@ -330,10 +431,12 @@ class Tracker:
         return mine[:count]
 
     def peers(self, *, chunk: int, node: str, now: float, rng: random.Random, limit: int = 4) -> list[choice.Holder]:
-        """Online, unpenalised holders of ``chunk`` other than ``node``, least loaded first."""
+        """Online, unpenalised holders of ``chunk`` other than ``node`` and the peers it reported,
+        least loaded first."""
         if not 0 <= chunk < len(self.holders):
             raise TrackerError(f"chunk {chunk} is out of range")
-        holders = (self.nodes[n] for n in self.holders[chunk] if n != node)
+        shunned = self.trust.reported_by(node)
+        holders = (self.nodes[n] for n in self.holders[chunk] if n != node and n not in shunned)
         candidates = [
             choice.Holder(name=s.name, url=s.url, load=s.load + s.handed) for s in holders if self._online(s, now)
         ]
@@ -343,11 +446,14 @@ class Tracker:
         return chosen
 
     def stream_source(self, *, chunk: int, node: str, now: float) -> choice.Holder | None:
-        """The online, unpenalised node pulling ``chunk`` from the origin now (not ``node``), if any."""
+        """The online, unpenalised node pulling ``chunk`` from the origin now (not ``node``, nor
+        a peer it reported), if any."""
         if not 0 <= chunk < len(self.holders):
             raise TrackerError(f"chunk {chunk} is out of range")
         puller = self.assigned.get(chunk)
-        state = self.nodes.get(puller) if puller is not None and puller != node else None
+        if puller is None or puller == node or puller in self.trust.reported_by(node):
+            return None
+        state = self.nodes.get(puller)
         if state is None or not self._online(state, now):
             return None
         return choice.Holder(name=state.name, url=state.url, load=state.load + state.handed)
@@ -357,11 +463,30 @@ class Tracker:
         self._node(reporter, now)
         if peer == reporter:
             raise TrackerError("a node cannot report itself")
-        if peer not in self.penalised and peer in self.nodes:
-            for index in self.nodes[peer].have:
-                self._avail[index] -= 1
-        self.penalised.setdefault(peer, set()).add(reporter)
-        self._changed()
+        if peer not in self.nodes and peer not in self.departed:
+            raise TrackerError(f"peer {peer!r} is not a node of this swarm")
+        if not 0 <= chunk < len(self.holders):
+            raise TrackerError(f"chunk {chunk} is out of range")
+        self.trust.report(reporter=reporter, peer=peer, chunk=chunk, now=now)
+        self._judge(now)
+
+    def _judge(self, now: float) -> None:
+        """Apply the trust verdict: availability, suspect copies, origin duty."""
+        verdict = self.trust.judge(now=now)
+        for name in verdict.penalised.symmetric_difference(self.penalised):
+            state = self.nodes.get(name)
+            if state is not None and state.have:
+                step = -1 if name in verdict.penalised else 1
+                for index in state.have:
+                    self._avail[index] += step
+                self._changed()
+        self.penalised, self.discredited = verdict.penalised, verdict.discredited
+        for peer, chunk in verdict.suspect:
+            self.trust.spend(peer=peer, chunk=chunk)
+            state = self.nodes.get(peer)
+            if state is not None and chunk in state.have:
+                self._remove_chunk(state, chunk)
+                state.suspect.add(chunk)
         self._refresh_duty(now)
 
     def availability(self) -> list[int]:

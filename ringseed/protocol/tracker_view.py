@@ -5,9 +5,13 @@ Owns the status shape of the tracker role (docs/contracts.md, "Master status"). 
 
 Rules: ``complete`` comes from what the tracker knows a node holds (availability), ``verified``
 from the node's own report that it materialised a model whose manifest digest equals the
-tracker's. ``eta_seconds`` is the bytes still missing on online nodes over their summed
-throughput (null while unknown, 0 when nothing is missing). Departed (purged) nodes stay
-listed with ``online: false`` and count as failed until they come back.
+tracker's. ``reason``/``message`` are the node's current blocking problem (null when it has
+none), ``revision`` the source revision of the copy it holds; the top-level ``revision`` is the
+one the swarm distributes and ``nodes_problem`` counts the nodes with a problem. ``penalised``
+and ``discredited`` are the trust judgements (:mod:`ringseed.protocol.trust`). ``eta_seconds``
+is the bytes still missing on online nodes over their summed throughput (null while unknown,
+0 when nothing is missing). Departed (purged) nodes stay listed with ``online: false`` and count
+as failed until they come back.
 """
 
 from __future__ import annotations
@@ -31,8 +35,12 @@ def node_entry(tracker: Tracker, state: NodeState, *, online: bool) -> dict[str,
         "throughput_bps": round(state.throughput, 1) if online else 0.0,
         "origin_duty": state.name in tracker.duty,
         "penalised": state.name in tracker.penalised,
+        "discredited": state.name in tracker.discredited,
         "bytes_fetched": state.fetched_bytes,
         "bytes_from_origin": state.origin_bytes,
+        "reason": state.problem.reason if state.problem is not None else None,
+        "message": state.problem.message if state.problem is not None else None,
+        "revision": state.revision,
     }
 
 
@@ -61,6 +69,17 @@ def status(tracker: Tracker, *, now: float) -> dict[str, Any]:
         "throughput_bps": round(throughput, 1),
         "eta_seconds": eta,
         "manifest_digest": tracker.digest,
+        "revision": revision(tracker),
+        "nodes_problem": sum(1 for e in nodes.values() if e["reason"] is not None),
         "origin_duty": list(tracker.duty),
         "nodes": nodes,
     }
+
+
+def revision(tracker: Tracker) -> str | None:
+    """The source revision the swarm distributes: the one published with the layout, else the one
+    the first origin-duty node reports."""
+    if tracker.revision is not None:
+        return tracker.revision
+    duty = tracker.nodes.get(tracker.duty[0]) if tracker.duty else None
+    return duty.revision if duty is not None else None

@@ -83,7 +83,11 @@ def test_peers_are_least_loaded_online_and_unpenalised() -> None:
     firsts = {t.peers(chunk=0, node="n3", now=1.0, rng=rng)[0].name for _ in range(2)}
     assert firsts == {"n0", "n2"}
     t.report(reporter="n3", peer="n2", chunk=0, now=1.1)
-    assert "n2" not in [p.name for p in t.peers(chunk=0, node="n3", now=1.2, rng=rng)]
+    assert "n2" not in [p.name for p in t.peers(chunk=0, node="n3", now=1.2, rng=rng)]  # never to its reporter
+    assert "n2" in [p.name for p in t.peers(chunk=0, node="n1", now=1.2, rng=rng)]  # one report removes no one
+    assert t.availability()[0] == 3
+    t.report(reporter="n1", peer="n2", chunk=0, now=1.3)  # a second, distinct reporter
+    assert "n2" not in [p.name for p in t.peers(chunk=0, node="n0", now=1.4, rng=rng)]
     assert t.availability()[0] == 2
 
 
@@ -169,7 +173,8 @@ def test_chunks_being_pulled_are_listed_and_streamable_from_their_puller_only() 
     assert t.heartbeat(node="n1", now=2.1).pulling == [1]
     assert t.stream_source(chunk=0, node="n1", now=2.2) is None
     t.report(reporter="n1", peer="n0", chunk=0, now=2.3)
-    assert t.stream_source(chunk=1, node="n2", now=2.4) is None  # penalised: no source at all
-    assert t.stream_source(chunk=1, node="n1", now=20.0) is None  # the puller went silent
+    assert t.stream_source(chunk=1, node="n1", now=2.4) is None  # never offered to its reporter
+    assert t.stream_source(chunk=1, node="n2", now=2.4) is not None  # one report removes no one
+    assert t.stream_source(chunk=1, node="n2", now=20.0) is None  # the puller went silent
     with pytest.raises(tracker.TrackerError):
         t.stream_source(chunk=99, node="n1", now=2.5)

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from aiohttp import web as aioweb
-
 from ringseed.collective import communicator, control, engine
 from ringseed.master import coordinator
+from tests.component import served
 
 TOKEN = "test-token"
 T = TypeVar("T")
@@ -23,7 +20,6 @@ def running_coordinator(
     *, interval: float = 0.2, timeout: float = 1.5, min_peers: int = 1, optimize: bool = False
 ) -> Iterator[str]:
     """Yield the URL of a coordinator served from a thread; stop it afterwards."""
-    loop = asyncio.new_event_loop()
     app = coordinator.create_app(
         token=TOKEN,
         heartbeat_interval=interval,
@@ -31,25 +27,8 @@ def running_coordinator(
         optimize_topology=optimize,
         min_peers=min_peers,
     )
-    runner = aioweb.AppRunner(app, access_log=None)
-    ready: concurrent.futures.Future[int] = concurrent.futures.Future()
-
-    async def start() -> None:
-        await runner.setup()
-        site = aioweb.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        ready.set_result(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    asyncio.run_coroutine_threadsafe(start(), loop)
-    try:
-        yield f"http://127.0.0.1:{ready.result(10)}"
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+    with served.in_thread(app) as url:
+        yield url
 
 
 def make_peer(url: str, name: str) -> communicator.Communicator:

@@ -5,10 +5,14 @@ causes here. Rules:
 - create/update/resume: parse the spec (invalid: Failed + InvalidSpec, no retries), make the
   token Secret once, apply master Deployment + Service and agent DaemonSet (create if missing,
   merge-patch when the spec hash differs), then record ``observedGeneration``.
-- timer: with an invalid spec, (re)write Failed + InvalidSpec; else read the tracker's
-  ``/v1/status``, patch the status when it changed, post an Event on a
-  phase change, and label each node whose copy the tracker reports verified with
-  ``builders.model_node_label`` (and unlabel it when it is no longer verified).
+  The handler also writes the first status (Pending, before any tracker can answer), so a new
+  resource gets its children and its status from one handler run.
+- timer: with an invalid spec, (re)write Failed + InvalidSpec; before the handler has applied the
+  spec (no ``observedGeneration``) nothing; else read the tracker's ``/v1/status`` and, when it
+  answered, the agent DaemonSet and its pods (which nodes should hold the model:
+  ``swarm.agents_of``), patch the status when it changed, post an Event on a phase change and one
+  for each node that got stuck, and label each node that holds a verified copy of the current
+  revision with ``builders.model_node_label`` (and unlabel it when it no longer does).
 - delete: unlabel the nodes and delete the children; with ``retainPolicy: Delete`` run
   ``builders.cleanup_daemonset`` until all its pods are ready (the data is gone) or
   ``cleanup_timeout`` passed, then delete it. ``Retain`` keeps node data.
@@ -25,6 +29,7 @@ import kopf
 
 from ringseed.api import constants, types, validation
 from ringseed.operator import builders, kube, runtime, status
+from ringseed.operator import swarm as swarm_module
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 WORKLOAD = ("apps/v1", "DaemonSet", "agent")
@@ -44,43 +49,74 @@ def plan(rt: runtime.Runtime, body: Mapping[str, Any]) -> list[dict[str, Any]]:
 async def apply(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logger, fresh: bool = False) -> None:
     children = await runtime.parse_or_fail(rt, body=body, parse=lambda: plan(rt, body))
     await runtime.apply_children(rt, body=body, children=children, logger=logger, fresh=fresh)
-    # The phase is the timer's (the only writer that knows the tracker's state); this records that
-    # the spec was acted upon, which also lets the timer take over from an earlier Failed.
-    await runtime.write_status(rt, body=body, new={"observedGeneration": runtime.generation_of(body)})
+    # Later phases are the timer's (the only writer that knows the tracker's state); this records
+    # that the spec was acted upon, which also lets the timer take over from an earlier Failed.
+    previous = body.get("status") or {}
+    new: dict[str, Any] = {"observedGeneration": runtime.generation_of(body)}
+    if not previous.get("phase") or previous.get("phase") == "Failed":
+        new = status.md_status(
+            reach=status.Reach(report=None),
+            generation=runtime.generation_of(body),
+            previous=previous,
+            now=runtime.now_text(),
+            degraded_after=rt.degraded_after,
+        )
+    await runtime.write_status(rt, body=body, new=new)
 
 
 async def observe(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logger) -> None:
-    """The status timer: tracker report -> status, Events, node labels."""
+    """The status timer: tracker report and agent DaemonSet -> status, Events, node labels."""
     previous = body.get("status") or {}
     try:
         parse(rt, body)
     except validation.SpecError as exc:  # no master to ask; keep saying why (heals a racing write)
         await runtime.write_status(rt, body=body, new=runtime.invalid(body=body, error=exc))
         return
+    if previous.get("observedGeneration") is None:
+        return  # the handler has not applied the spec yet; it writes the first status
     reach = await runtime.read_master(rt, body=body)
-    new = status.md_status(
-        reach=reach, generation=None, previous=previous, now=runtime.now_text(), degraded_after=rt.degraded_after
-    )
-    await runtime.write_status(rt, body=body, new=new)
+    now = runtime.now_text()
+    swarm = None
     if reach.report is not None:
-        await sync_node_labels(rt, body=body, report=reach.report, logger=logger)
+        agents = await observe_agents(rt, body=body)
+        swarm = status.swarm_for(
+            reach.report, agents=agents, previous=previous, now=now, degraded_after=rt.degraded_after
+        )
+    new = status.md_status(
+        reach=reach, swarm=swarm, generation=None, previous=previous, now=now, degraded_after=rt.degraded_after
+    )
+    if await runtime.write_status(rt, body=body, new=new):
+        await runtime.post_events(rt, body=body, events=status.node_events(previous=previous, current=new))
+    if swarm is not None:
+        await sync_node_labels(rt, body=body, ready={n.name for n in swarm.nodes if n.ready}, logger=logger)
 
 
-async def sync_node_labels(
-    rt: runtime.Runtime, *, body: Mapping[str, Any], report: Mapping[str, Any], logger: Logger
-) -> None:
+async def observe_agents(rt: runtime.Runtime, *, body: Mapping[str, Any]) -> swarm_module.Agents:
+    """The agent DaemonSet and its pods, as the API server has them (unknown parts: None)."""
+    namespace, name = runtime.ident(body)
+    daemonset = await rt.kube.get(api_version="apps/v1", kind="DaemonSet", namespace=namespace, name=f"{name}-agent")
+    pods = None
+    if daemonset is not None:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(daemonset["spec"]["selector"]["matchLabels"].items()))
+        try:
+            pods = await rt.kube.list(api_version="v1", kind="Pod", namespace=namespace, label_selector=selector)
+        except kube.ApiError as exc:  # e.g. no RBAC for pods: fall back to the tracker's names
+            runtime.log.warning("Could not list the pods of DaemonSet %s-agent: %s", name, exc)
+    return swarm_module.agents_of(daemonset, pods)
+
+
+async def sync_node_labels(rt: runtime.Runtime, *, body: Mapping[str, Any], ready: set[str], logger: Logger) -> None:
+    """Label the nodes holding a verified copy of the current revision; unlabel those that no longer do."""
     namespace, name = runtime.ident(body)
     key, value = builders.model_node_label(namespace=namespace, name=name)
     done = rt.labelled.setdefault((namespace, name), set())
-    nodes = report.get("nodes") or {}
-    verified = {node for node, entry in nodes.items() if isinstance(entry, Mapping) and entry.get("verified")}
-    for node in sorted(verified - done):
+    for node in sorted(ready - done):
         if await kube.label_node(rt.kube, node=node, key=key, value=value):
             logger.info("Labelled Node %s with %s=%s", node, key, value)
         done.add(node)
-    for node in sorted(n for n in done - verified if n in nodes):
+    for node in sorted(done - ready):
         await kube.label_node(rt.kube, node=node, key=key, value=None)
-        logger.info("Unlabelled Node %s: its copy is no longer verified", node)
+        logger.info("Unlabelled Node %s: it no longer holds a verified copy of the current revision", node)
         done.discard(node)
 
 

@@ -124,12 +124,19 @@ async def write_status(rt: Runtime, *, body: Mapping[str, Any], new: Mapping[str
     )
     event = status.phase_event(previous=previous, current=new)
     if alive and event is not None:
-        type_, reason, message = event
+        await post_events(rt, body=body, events=[event])
+    return alive
+
+
+async def post_events(rt: Runtime, *, body: Mapping[str, Any], events: Sequence[tuple[str, str, str]]) -> None:
+    """Post ``(type, reason, message)`` Events about the resource; a failure is logged, not raised
+    (an Event is a courtesy: the status already says it)."""
+    for type_, reason, message in events:
         try:
             await kube.post_event(rt.kube, involved=body, reason=reason, message=message, type_=type_)
-        except kube.ApiError as exc:  # an Event is a courtesy; the status already says it
+        except kube.ApiError as exc:
+            namespace, name = ident(body)
             log.warning("Could not post Event about %s %s/%s: %s", body["kind"], namespace, name, exc)
-    return alive
 
 
 async def token_of(rt: Runtime, *, namespace: str, name: str) -> str | None:

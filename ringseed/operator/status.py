@@ -6,9 +6,12 @@ that deserve a Kubernetes Event. Rules:
 - The master's ``/v1/status`` JSON (docs/contracts.md, "Master status") is the only input about
   the live state; ``None`` means the master did not answer. Time comes in as ``now`` (an RFC 3339
   string) and ``unreachable_for`` (seconds).
-- ModelDistribution: Pending (master not reachable yet / no nodes), Downloading (nodes_ready == 0),
-  Distributing, Complete (nodes_ready == nodes_total > 0), Degraded (nodes_failed > 0, or the
-  master unreachable for ``degraded_after`` seconds after having answered), Failed (invalid spec).
+- ModelDistribution, over the nodes its agent DaemonSet wants (``swarm``): Pending (tracker not
+  reachable yet / no node wanted), Downloading (none ready), Distributing, Complete (every wanted
+  node holds a verified copy of the current revision and the DaemonSet has rolled out), Degraded
+  (a wanted node offline, a node stuck on a reason for ``degraded_after`` seconds, or the tracker
+  unreachable that long after having answered; the condition names the nodes and reasons),
+  Failed (invalid spec). ``status.nodes`` says per node what it holds and what is wrong.
 - TrainingGroup: WaitingForModel, Starting (peers < minPeers), Running, Degraded (peers fell below
   minPeers after running, or the coordinator unreachable long after having answered), Failed.
 - A condition keeps its ``lastTransitionTime`` while its status stays the same (``conditions.merge``).
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ringseed.api import conditions as cond
+from ringseed.operator import swarm as swarm_module
 
 
 @dataclass(frozen=True)
@@ -62,17 +66,11 @@ def human_duration(seconds: float | None) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-def md_percent(report: Mapping[str, Any]) -> int:
-    """Share of all selected nodes' bytes already held and verified, 0..100."""
-    total_bytes = int(report.get("total_bytes") or 0)
-    nodes = report.get("nodes") or {}
-    nodes_total = int(report.get("nodes_total") or 0)
-    if total_bytes > 0 and nodes and nodes_total > 0:
-        held = sum(min(int(n.get("bytes") or 0), total_bytes) for n in nodes.values())
-        return min(100, held * 100 // (total_bytes * nodes_total))
-    if nodes_total > 0:
-        return int(report.get("nodes_ready") or 0) * 100 // nodes_total
-    return 0
+def md_percent(swarm: swarm_module.Swarm) -> int:
+    """Share of the bytes that all wanted nodes must hold that they hold (verified or not), 0..100."""
+    if swarm.total <= 0:
+        return 0
+    return min(100, sum(n.percent for n in swarm.nodes) // swarm.total)
 
 
 def _silent(reach: Reach, *, degraded_after: float, role: str) -> Verdict | None:
@@ -95,21 +93,33 @@ def brief_silence(reach: Reach, *, degraded_after: float) -> bool:
     return reach.report is None and silent_for is not None and silent_for < degraded_after
 
 
-def md_verdict(reach: Reach, *, degraded_after: float) -> Verdict:
+def md_verdict(reach: Reach, *, swarm: swarm_module.Swarm | None, degraded_after: float) -> Verdict:
     silent = _silent(reach, degraded_after=degraded_after, role="tracker")
     if silent is not None:
         return silent if silent.phase else Verdict("Pending", silent.reason, silent.message)
-    report = reach.report or {}
-    total, ready, failed = (int(report.get(k) or 0) for k in ("nodes_total", "nodes_ready", "nodes_failed"))
+    assert swarm is not None  # the tracker answered
+    total, ready = swarm.total, swarm.ready
     if total == 0:
-        return Verdict("Pending", cond.REASON_NO_NODES, "No agent has registered with the tracker yet")
-    if ready == total:
-        return Verdict("Complete", cond.REASON_COMPLETE, f"The model is verified on all {total} nodes")
-    if failed > 0:
-        return Verdict("Degraded", cond.REASON_NODES_FAILED, f"{failed} of {total} nodes failed or went offline")
+        where = "The agent DaemonSet selects no node" if swarm.known else "No agent has registered with the tracker"
+        return Verdict("Pending", cond.REASON_NO_NODES, f"{where} yet")
+    if swarm.complete:
+        revision = f" (revision {swarm.revision})" if swarm.revision else ""
+        return Verdict("Complete", cond.REASON_COMPLETE, f"The model{revision} is verified on all {total} nodes")
+    failing = failing_nodes(swarm)
+    if failing:
+        reason = cond.REASON_NODES_FAILED if swarm.offline else cond.REASON_NODES_STUCK
+        text = swarm_module.problems_text(failing)
+        return Verdict("Degraded", reason, f"{len(failing)} of {total} nodes cannot get the model: {text}")
     if ready == 0:
         return Verdict("Downloading", cond.REASON_DOWNLOADING, f"Pulling from the origin; 0 of {total} nodes ready")
+    if ready >= total and not (swarm.known and swarm.rolled_out):
+        return Verdict("Distributing", cond.REASON_DISTRIBUTING, "Waiting for the agent DaemonSet to roll out")
     return Verdict("Distributing", cond.REASON_DISTRIBUTING, f"{ready} of {total} nodes ready")
+
+
+def failing_nodes(swarm: swarm_module.Swarm) -> tuple[swarm_module.NodeView, ...]:
+    """Wanted nodes that are offline or stuck, by name."""
+    return tuple(n for n in swarm.nodes if n.stuck or n.reason == swarm_module.OFFLINE)
 
 
 def waiting_for_model(*, model: str, found: bool, phase: str | None) -> Verdict:
@@ -188,27 +198,55 @@ def _make(type_: str, flag: bool, reason: str, message: str, now: str, generatio
     )
 
 
+def swarm_for(
+    report: Mapping[str, Any],
+    *,
+    agents: swarm_module.Agents | None,
+    previous: Mapping[str, Any],
+    now: str,
+    degraded_after: float,
+) -> swarm_module.Swarm:
+    """The per-node view of a tracker report (``agents`` None: the DaemonSet's view is unknown)."""
+    unknown = swarm_module.Agents(desired=None, nodes=None, rolled_out=False, pod_problems={})
+    return swarm_module.swarm_of(
+        report, agents or unknown, previous=previous.get("nodes") or [], now=now, stuck_after=degraded_after
+    )
+
+
 def md_status(
-    *, reach: Reach, generation: int | None, previous: Mapping[str, Any], now: str, degraded_after: float
+    *,
+    reach: Reach,
+    swarm: swarm_module.Swarm | None = None,
+    generation: int | None,
+    previous: Mapping[str, Any],
+    now: str,
+    degraded_after: float,
 ) -> dict[str, Any]:
-    """The status merge patch of a ModelDistribution (empty during a brief silence of the tracker)."""
+    """The status merge patch of a ModelDistribution (empty during a brief silence of the tracker).
+
+    ``swarm``: :func:`swarm_for` of the report (made here, without the DaemonSet's view, if None)."""
     if brief_silence(reach, degraded_after=degraded_after):
         return {}
-    verdict = md_verdict(reach, degraded_after=degraded_after)
-    result: dict[str, Any] = {"phase": verdict.phase, "message": verdict.message}
     report = reach.report
-    if report is not None:
+    if report is not None and swarm is None:
+        swarm = swarm_for(report, agents=None, previous=previous, now=now, degraded_after=degraded_after)
+    verdict = md_verdict(reach, swarm=swarm, degraded_after=degraded_after)
+    result: dict[str, Any] = {"phase": verdict.phase, "message": verdict.message}
+    if report is not None and swarm is not None:
         result.update(
             {
                 "totalBytes": int(report.get("total_bytes") or 0),
                 "totalChunks": int(report.get("total_chunks") or 0),
-                "nodesReady": int(report.get("nodes_ready") or 0),
-                "nodesTotal": int(report.get("nodes_total") or 0),
-                "nodesFailed": int(report.get("nodes_failed") or 0),
+                "nodesReady": swarm.ready,
+                "nodesTotal": swarm.total,
+                "nodesFailed": len(failing_nodes(swarm)),
                 "bytesFromOrigin": int(report.get("bytes_from_origin") or 0),
-                "percent": md_percent(report),
+                "percent": md_percent(swarm),
                 "throughput": human_bytes_per_second(report.get("throughput_bps")),
                 "eta": human_duration(report.get("eta_seconds")),
+                "revision": swarm.revision,
+                "nodes": swarm.listed(),
+                "revisions": swarm.revisions(),
             }
         )
         if report.get("manifest_digest"):
@@ -294,3 +332,26 @@ def phase_event(*, previous: Mapping[str, Any], current: Mapping[str, Any]) -> t
     kind = "Warning" if new in ("Degraded", "Failed") else "Normal"
     message = f"Phase changed from {old or 'none'} to {new}: {current.get('message', '')}".rstrip(": ")
     return kind, f"Phase{new}", message
+
+
+MAX_NODE_EVENTS = 10  # per status update; a mass failure is summed up in the last one
+
+
+def node_events(*, previous: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """``(type, reason, message)`` of a Warning Event for each node that became stuck (its reason
+    held for ``degraded_after``) since the previous status; the reason is the node's own."""
+    before = {str(n.get("name")): n for n in previous.get("nodes") or [] if isinstance(n, Mapping)}
+    fresh = [
+        n
+        for n in current.get("nodes") or []
+        if n.get("stuck")
+        and not (before.get(n["name"], {}).get("stuck") and before[n["name"]].get("reason") == n["reason"])
+    ]
+    events = [
+        ("Warning", str(n["reason"]), f"Node {n['name']}: {n.get('message') or n['reason']} (since {n.get('since')})")
+        for n in fresh[:MAX_NODE_EVENTS]
+    ]
+    if len(fresh) > MAX_NODE_EVENTS:
+        rest = ", ".join(sorted(str(n["name"]) for n in fresh[MAX_NODE_EVENTS:]))
+        events[-1] = (events[-1][0], events[-1][1], f"{events[-1][2]}; also stuck: {rest}"[:1024])
+    return events

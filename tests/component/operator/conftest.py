@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ BUILTINS = {
     "v1/nodes": ("Node", False),
     "v1/secrets": ("Secret", True),
     "v1/services": ("Service", True),
+    "v1/pods": ("Pod", True),
     "apps/v1/deployments": ("Deployment", True),
     "apps/v1/daemonsets": ("DaemonSet", True),
 }
@@ -285,4 +286,47 @@ def tracker_report(
         "eta_seconds": 90.0,
         "manifest_digest": "ab" * 32,
         "nodes": nodes,
+    }
+
+
+async def schedule_agents(kmock: Any, name: str, nodes: Sequence[str], *, rolled_out: bool = True) -> None:
+    """Play the DaemonSet controller for ``<name>-agent`` (KMock has none): its pods are bound to
+    exactly ``nodes`` (pods on other nodes are deleted) and its status says so."""
+    daemonset = await eventually(lambda: get(kmock, "apps/v1/daemonsets", f"{name}-agent"), what=f"{name}-agent")
+    meta = daemonset["metadata"]
+    labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    for pod_name, pod in list(pods_of(kmock, meta["uid"]).items()):
+        if pod["spec"]["nodeName"] not in nodes:
+            await delete(kmock, "v1/pods", pod_name)
+    present = {pod["spec"]["nodeName"] for pod in pods_of(kmock, meta["uid"]).values()}
+    for node in nodes:
+        if node in present:
+            continue
+        owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": meta["name"], "uid": meta["uid"]}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{name}-agent-{node}", "namespace": NS, "labels": labels, "ownerReferences": [owner]},
+            "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "ringseed"}]},
+        }
+        await create(kmock, "v1/pods", pod)
+    count = len(nodes)
+    ds_status = {
+        "observedGeneration": meta.get("generation", 1),
+        "desiredNumberScheduled": count,
+        "currentNumberScheduled": count,
+        "updatedNumberScheduled": count if rolled_out else max(0, count - 1),
+        "numberReady": count,
+    }
+    await patch(kmock, "apps/v1/daemonsets", f"{name}-agent", {"status": ds_status})
+
+
+def pods_of(kmock: Any, uid: str) -> dict[str, dict[str, Any]]:
+    """Live pods owned by the object with ``uid``, by name."""
+    return {
+        name: obj.raw
+        for (resource, _, name), obj in list(kmock.objects.items())
+        if resource.plural == "pods"
+        and not obj.deleted
+        and any(ref.get("uid") == uid for ref in obj.raw["metadata"].get("ownerReferences", []))
     }

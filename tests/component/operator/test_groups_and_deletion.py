@@ -17,6 +17,7 @@ from tests.component.operator.conftest import (
     get,
     model_distribution,
     patch,
+    schedule_agents,
     tracker_report,
     training_group,
 )
@@ -40,6 +41,7 @@ async def test_training_group_waits_for_its_model(operator: Operator) -> None:
     status = await eventually(lambda: phase_is(kmock, TG_RES, "train", "WaitingForModel"), what="WaitingForModel")
     waiting = next(c for c in status["conditions"] if c["type"] == conditions.WAITING_FOR_MODEL)
     assert (waiting["status"], waiting["reason"]) == ("True", "ModelNotReady")
+    await schedule_agents(kmock, "llama", ["node-0", "node-1"])
     fake.reports[NS, "llama"] = tracker_report(total=2, ready=1, verified=("node-0",))
     await eventually(lambda: phase_is(kmock, MD_RES, "llama", "Distributing"), what="the model Distributing")
     await eventually(
@@ -76,6 +78,7 @@ async def test_deleting_a_distribution_with_retain_keeps_node_data(operator: Ope
     kmock, fake = operator.kmock, operator.fake
     kmock.objects["v1/nodes", None, "node-0"] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-0"}}
     await create(kmock, MD_RES, model_distribution("keep", retainPolicy="Retain"))
+    await schedule_agents(kmock, "keep", ["node-0"])
     fake.reports[NS, "keep"] = tracker_report(total=1, ready=1, verified=("node-0",))
     key, _ = builders.model_node_label(namespace=NS, name="keep")
     await eventually(

@@ -18,6 +18,7 @@ from tests.component.operator.conftest import (
     get,
     model_distribution,
     patch,
+    schedule_agents,
     serve,
     tracker_report,
 )
@@ -51,6 +52,7 @@ async def test_tracker_progress_reaches_status_events_and_node_labels(operator: 
     await create(kmock, MD_RES, model_distribution("llama"))
     await eventually(lambda: phase_is(kmock, "llama", "Pending"), what="Pending while the tracker is down")
 
+    await schedule_agents(kmock, "llama", ["node-0", "node-1"])  # the DaemonSet wants both nodes
     fake.reports[NS, "llama"] = tracker_report(total=2, ready=0, held=250)
     status = await eventually(lambda: phase_is(kmock, "llama", "Downloading"), what="Downloading")
     assert (status["nodesReady"], status["nodesTotal"], status["percent"]) == (0, 2, 25)

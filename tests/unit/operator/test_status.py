@@ -7,13 +7,17 @@ from typing import Any
 import pytest
 
 from ringseed.api import conditions
-from ringseed.operator import status
+from ringseed.operator import status, swarm
 
 NOW, LATER = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
 
 def tracker(*, total: int, ready: int, failed: int = 0, held: int = 0, total_bytes: int = 1000) -> dict[str, Any]:
-    nodes = {f"n{i}": {"bytes": total_bytes if i < ready else held, "verified": i < ready} for i in range(total)}
+    """``total`` nodes n0.. of which the first ``ready`` are verified and the last ``failed`` offline."""
+    nodes = {
+        f"n{i}": {"bytes": total_bytes if i < ready else held, "verified": i < ready, "online": i < total - failed}
+        for i in range(total)
+    }
     return {
         "role": "tracker",
         "total_bytes": total_bytes,
@@ -29,12 +33,31 @@ def tracker(*, total: int, ready: int, failed: int = 0, held: int = 0, total_byt
     }
 
 
-def md(report: dict[str, Any] | None, *, silent_for: float | None = None, previous: Any = None) -> dict[str, Any]:
+def agents(report: dict[str, Any] | None) -> swarm.Agents:
+    """The agent DaemonSet wanting exactly the report's nodes, rolled out."""
+    names = frozenset((report or {}).get("nodes") or {})
+    return swarm.Agents(desired=len(names), nodes=names, rolled_out=True, pod_problems={})
+
+
+def md(
+    report: dict[str, Any] | None,
+    *,
+    silent_for: float | None = None,
+    previous: Any = None,
+    now: str = NOW,
+    wanted: swarm.Agents | None = None,
+) -> dict[str, Any]:
+    view = None
+    if report is not None:
+        view = status.swarm_for(
+            report, agents=wanted or agents(report), previous=previous or {}, now=now, degraded_after=60
+        )
     return status.md_status(
         reach=status.Reach(report=report, unreachable_for=silent_for),
+        swarm=view,
         generation=3,
         previous=previous or {},
-        now=NOW,
+        now=now,
         degraded_after=60,
     )
 
@@ -84,17 +107,9 @@ def test_silence_is_degraded_only_after_a_while_and_keeps_figures() -> None:
 
 def test_transition_time_moves_only_when_status_flips() -> None:
     first = md(tracker(total=2, ready=1))
-    second = status.md_status(
-        reach=status.Reach(report=tracker(total=2, ready=1)), generation=3, previous=first, now=LATER, degraded_after=60
-    )
+    second = md(tracker(total=2, ready=1), previous=first, now=LATER)
     assert cond(second, conditions.PROGRESSING)["lastTransitionTime"] == NOW
-    third = status.md_status(
-        reach=status.Reach(report=tracker(total=2, ready=2)),
-        generation=3,
-        previous=second,
-        now=LATER,
-        degraded_after=60,
-    )
+    third = md(tracker(total=2, ready=2), previous=second, now=LATER)
     assert cond(third, conditions.READY)["lastTransitionTime"] == LATER
     assert cond(third, conditions.DEGRADED)["lastTransitionTime"] == NOW
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from ringseed.api import constants, validation
-from ringseed.operator import builders, config
+from ringseed.operator import builders, config, status, swarm
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "ringseed"
@@ -90,8 +90,49 @@ def test_printer_columns_show_what_kubectl_get_promises() -> None:
     def columns(plural: str) -> list[str]:
         return [c["name"] for c in crd(plural)["spec"]["versions"][0]["additionalPrinterColumns"]]
 
-    assert columns(constants.MD_PLURAL) == ["Phase", "Ready", "Total", "Percent", "Throughput", "ETA", "Age"]
+    assert columns(constants.MD_PLURAL) == [
+        "Phase", "Ready", "Total", "Percent", "Throughput", "ETA", "Age", "Revision", "Source", "Message"
+    ]  # fmt: skip
     assert columns(constants.TG_PLURAL) == ["Phase", "Peers", "World", "Age"]
+    wide = {
+        c["name"]: (c["jsonPath"], c.get("priority", 0))
+        for c in crd(constants.MD_PLURAL)["spec"]["versions"][0]["additionalPrinterColumns"]
+    }
+    assert wide["Source"] == (".spec.source.uri", 1) and wide["Message"] == (".status.message", 1)  # -o wide
+
+
+def _nullable(schema: Any) -> Any:
+    """The structural schema as JSON Schema: ``nullable: true`` admits null (the API server's rule)."""
+    if isinstance(schema, dict):
+        out = {k: _nullable(v) for k, v in schema.items() if k != "nullable"}
+        if schema.get("nullable") and "type" in out:
+            out["type"] = [out["type"], "null"]
+        return out
+    return [_nullable(v) for v in schema] if isinstance(schema, list) else schema
+
+
+def test_the_status_the_operator_writes_conforms_to_the_crd() -> None:
+    report = {
+        "role": "tracker", "total_bytes": 1000, "total_chunks": 1, "revision": "r2", "throughput_bps": 10.0,
+        "eta_seconds": None, "bytes_from_origin": 1000, "manifest_digest": "ab" * 32,
+        "nodes": {
+            "a": {"bytes": 1000, "verified": True, "online": True, "revision": "r2"},
+            "b": {"bytes": 10, "verified": False, "online": True, "reason": "DiskFull", "message": "no space"},
+        },
+    }  # fmt: skip
+    agents = swarm.Agents(desired=3, nodes=frozenset({"a", "b", "c"}), rolled_out=True, pod_problems={})
+    view = status.swarm_for(report, agents=agents, previous={}, now="2026-01-01T00:00:00Z", degraded_after=60)
+    written = status.md_status(
+        reach=status.Reach(report=report), swarm=view, generation=1, previous={}, now="2026-01-01T00:00:00Z",
+        degraded_after=60,
+    )  # fmt: skip
+    assert {n["name"] for n in written["nodes"]} == {"a", "b", "c"}
+    schema = _nullable(schema_of(constants.MD_PLURAL)["properties"]["status"])
+    jsonschema.Draft7Validator(schema, format_checker=jsonschema.FormatChecker()).validate(written)
+    silent = status.md_status(
+        reach=status.Reach(report=None), generation=1, previous={}, now="2026-01-01T00:00:00Z", degraded_after=60
+    )
+    jsonschema.Draft7Validator(schema).validate(silent)
 
 
 @pytest.mark.parametrize(("name", "doc"), examples(), ids=lambda v: v if isinstance(v, str) else "")
@@ -176,6 +217,7 @@ OPERATOR_RBAC = {
     ("", "services"): {"get", "create", "patch", "delete"},
     ("", "secrets"): {"get", "create", "delete"},
     ("", "nodes"): {"get", "list", "patch"},
+    ("", "pods"): {"list"},
 }
 
 

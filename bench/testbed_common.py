@@ -38,10 +38,14 @@ def write_model(root: Path, *, size: int, files: int = 4) -> Path:
     return root
 
 
-def spawn(host: netns.Host, args: list[str], *, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[Any]:
-    """Start ``args`` in ``host`` from the repository root, stdout to a pipe, stderr to ``log``."""
+def spawn(
+    host: netns.Host | None, args: list[str], *, log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[Any]:
+    """Start ``args`` in ``host`` (None: here, on loopback) from the repository root, stdout to a
+    pipe, stderr to ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    return host.popen(
+    popen: Any = host.popen if host is not None else subprocess.Popen
+    return popen(  # type: ignore[no-any-return]
         args,
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -91,14 +95,17 @@ def gate(path: Path) -> float:
     return now
 
 
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds the live process ``pid`` has used so far, all its threads (from
+    /proc; (0, 0) once it is gone)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0.0
+    return int(fields[11]) / ticks, int(fields[12]) / ticks  # utime, stime
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds the live processes ``pids`` have used so far (from /proc)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
-    return total
+    return sum(sum(cpu_times(pid)) for pid in pids)

@@ -3,14 +3,19 @@
 What a user might pick instead of ringseed: BitTorrent. DHT, LSD, UPnP and NAT-PMP are off, so
 peers know each other only through ``connect_peer``; the piece size is libtorrent's default.
 
-    python -m bench.baselines.torrent make DIR OUT.torrent
+    python -m bench.baselines.torrent make DIR OUT.torrent [--version hybrid|v1|v2]
     python -m bench.baselines.torrent seed OUT.torrent DIR --listen 10.77.0.1:6881 --gate G --stop S
     python -m bench.baselines.torrent peer OUT.torrent SAVE --listen 10.77.1.1:6881 \
         --connect 10.77.0.1:6881,10.77.1.2:6881 --gate G --stop S --node n0
 
 Each ``seed``/``peer`` prints ``READY`` once its torrent is loaded (the seed: checked), waits for
 the gate file, connects, and a peer prints one JSON line ``{"node", "bytes", "start", "end"}``
-when it holds every piece; both keep seeding until the stop file exists.
+when it holds every piece; both keep seeding until the stop file exists, then print one JSON line
+``{"node", "uploaded", "downloaded"}`` (payload bytes this process sent and received).
+
+``make`` writes libtorrent's default torrent (hybrid: v1 SHA-1 pieces and v2 SHA-256 trees, both
+checked by a downloader) unless ``--version`` asks for v1 or v2 only. Several processes may share
+one address (``allow_multiple_connections_per_ip``), so a swarm can run on loopback.
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ from typing import Any
 
 import libtorrent as lt
 
+VERSION_FLAGS = {"hybrid": 0, "v1": lt.create_torrent.v1_only, "v2": lt.create_torrent.v2_only}
 
-def make(directory: Path, out: Path) -> None:
+
+def make(directory: Path, out: Path, *, version: str = "hybrid") -> None:
     storage = lt.file_storage()
     lt.add_files(storage, str(directory))
-    torrent = lt.create_torrent(storage)
+    torrent = lt.create_torrent(storage, 0, VERSION_FLAGS[version])
     lt.set_piece_hashes(torrent, str(directory.parent))
     out.write_bytes(lt.bencode(torrent.generate()))
 
@@ -42,6 +49,7 @@ def session(listen: str) -> Any:
             "enable_natpmp": False,
             "alert_mask": 0,
             "connections_limit": 500,
+            "allow_multiple_connections_per_ip": True,
         }
     )
 
@@ -84,6 +92,9 @@ def run(args: argparse.Namespace) -> None:
         size = handle.status().total_wanted
         print(json.dumps({"node": args.node, "bytes": size, "start": start, "end": time.time()}), flush=True)
     wait_file(args.stop)
+    status = handle.status()
+    totals = {"node": args.node, "uploaded": status.total_payload_upload, "downloaded": status.total_payload_download}
+    print(json.dumps(totals), flush=True)
 
 
 def main() -> None:
@@ -92,6 +103,7 @@ def main() -> None:
     maker = sub.add_parser("make")
     maker.add_argument("directory", type=Path)
     maker.add_argument("out", type=Path)
+    maker.add_argument("--version", choices=sorted(VERSION_FLAGS), default="hybrid")
     for role in ("seed", "peer"):
         p = sub.add_parser(role)
         p.add_argument("torrent", type=Path)
@@ -103,7 +115,7 @@ def main() -> None:
         p.add_argument("--node", default=role)
     args = parser.parse_args()
     if args.role == "make":
-        make(args.directory, args.out)
+        make(args.directory, args.out, version=args.version)
     else:
         run(args)
 

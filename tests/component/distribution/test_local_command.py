@@ -139,11 +139,12 @@ def test_python_http_server_without_range_serves_a_swarm_in_about_one_pass(
 def test_a_timeout_names_the_nodes_still_missing_and_keeps_the_workdir(tmp_path: Path) -> None:
     root = make_model(tmp_path / "model", odd_sizes(16, files=2))
     workdir = tmp_path / "w"
-    done = distribute(str(root), "--nodes", "2", "--chunk-size", "1Mi", "--origin-rate-limit", "1Mi", "--timeout", "3",
-                      "--workdir", str(workdir), "--json")  # fmt: skip
+    # 16 MiB at 256 KiB/s takes a minute: the 15 s timeout comes first, with the master long up.
+    done = distribute(str(root), "--nodes", "2", "--chunk-size", "1Mi", "--origin-rate-limit", "256Ki",
+                      "--timeout", "15", "--workdir", str(workdir), "--json")  # fmt: skip
     assert done.returncode == 1
     result = json.loads(done.stdout)
-    assert result["error"].startswith("timed out after 3s; not verified: node-0 (")
+    assert result["error"].startswith("timed out after 15s; not verified: node-0 ("), result["error"]
     assert "node-1 (" in result["error"]
     assert f"ringseed local distribute: kept the workdir {workdir}" in done.stderr
     assert (workdir / "swarm" / "logs" / "node-0.log").exists()

@@ -14,6 +14,8 @@ Rules
   reads and writes sockets; on any ``FrameError`` it closes the connection and the collective
   raises ``CollectiveAborted`` with this error's message. A message always names the field,
   what was expected and what arrived, so a log line is enough to find a misbehaving peer.
+- Decoding is strict: a header decodes only if encoding the result gives back the same bytes
+  (the reserved byte must be 0), so one header has one meaning on every peer.
 - A header is checked twice: on its own (magic, version, kind, dtype code, byte count under
   :data:`MAX_FRAME_BYTES`) by :func:`decode_header`, then against what the receiver expects
   at that point of the schedule (tag, sequence, dtype, length) by :func:`check_expected`.
@@ -37,7 +39,7 @@ NONCE_BYTES = 16
 MAC_BYTES = 32
 MAX_PEER_ID_BYTES = 253
 
-_HEADER = struct.Struct("<4sBBBxQQQ")  # magic, version, kind, dtype, pad, tag, sequence, nbytes
+_HEADER = struct.Struct("<4sBBBBQQQ")  # magic, version, kind, dtype, reserved (0), tag, sequence, nbytes
 HEADER_BYTES = _HEADER.size
 _CHALLENGE = struct.Struct(f"<4sB{NONCE_BYTES}s")
 CHALLENGE_BYTES = _CHALLENGE.size
@@ -108,15 +110,19 @@ class Hello:
 def encode_header(header: Header) -> bytes:
     if not 0 <= header.nbytes <= MAX_FRAME_BYTES:
         raise FrameError(f"frame of {header.nbytes} bytes exceeds the limit of {MAX_FRAME_BYTES}")
-    return _HEADER.pack(MAGIC, VERSION, header.kind, header.dtype, header.tag, header.sequence, header.nbytes)
+    _check_range("op tag", header.tag, bits=64)
+    _check_range("sequence", header.sequence, bits=64)
+    return _HEADER.pack(MAGIC, VERSION, header.kind, header.dtype, 0, header.tag, header.sequence, header.nbytes)
 
 
 def decode_header(data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_FRAME_BYTES) -> Header:
     """Parse and validate a header on its own (magic, version, kind, dtype, size limit)."""
     if len(data) != HEADER_BYTES:
         raise FrameError(f"frame header is {len(data)} bytes, expected {HEADER_BYTES}")
-    magic, version, kind, dtype, tag, sequence, nbytes = _HEADER.unpack(data)
+    magic, version, kind, dtype, reserved, tag, sequence, nbytes = _HEADER.unpack(data)
     _check_preamble(magic, version, what="frame")
+    if reserved != 0:
+        raise FrameError(f"frame header's reserved byte is {reserved}, expected 0")
     if kind not in Kind._value2member_map_:
         raise FrameError(f"unknown frame kind {kind}")
     if dtype not in DType._value2member_map_:
@@ -157,6 +163,8 @@ def make_hello(
 ) -> bytes:
     """The dialer's HELLO: fixed part, then the UTF-8 peer id."""
     _check_nonce(nonce)
+    _check_range("epoch", epoch, bits=64)
+    _check_range("channel", channel, bits=16)
     pid = peer_id.encode()
     if not 0 < len(pid) <= MAX_PEER_ID_BYTES:
         raise FrameError(f"peer id must be 1..{MAX_PEER_ID_BYTES} bytes, got {len(pid)}")
@@ -222,9 +230,13 @@ def decode_reply_fixed(data: bytes) -> tuple[int, bytes, int]:
 
 
 def check_reply(*, token: str, hello_nonce: bytes, status: int, mac: bytes, reason: bytes) -> None:
-    """Raise FrameError when the listener rejected us or does not hold the token."""
-    if status != 0:
+    """Raise FrameError when the listener rejected us, does not hold the token, or sent a malformed reply."""
+    if status == 1:
         raise FrameError(f"peer rejected the connection: {reason.decode(errors='replace')}")
+    if status != 0:
+        raise FrameError(f"handshake reply has unknown status {status}")
+    if reason:
+        raise FrameError(f"handshake welcome carries a {len(reason)}-byte reason")
     if not hmac.compare_digest(_reply_mac(token, hello_nonce), mac):
         raise FrameError("listener failed the handshake: wrong group token")
 
@@ -245,6 +257,11 @@ def _check_preamble(magic: bytes, version: int, *, what: str) -> None:
         raise FrameError(f"{what} has bad magic {magic!r}, expected {MAGIC!r}")
     if version != VERSION:
         raise FrameError(f"{what} has unsupported version {version}, expected {VERSION}")
+
+
+def _check_range(name: str, value: int, *, bits: int) -> None:
+    if not 0 <= value < 1 << bits:
+        raise FrameError(f"{name} {value} does not fit in {bits} unsigned bits")
 
 
 def _check_nonce(nonce: bytes) -> None:

@@ -16,11 +16,15 @@ Fault-tolerance contract:
   timeout.
 - On an abort verdict the buffer (``all_reduce``'s array, ``broadcast``'s array, ``all_gather``'s
   ``out``) is restored to its value before the call, bit for bit, and ``Work.wait()`` raises
-  :class:`~ringseed.collective.engine.CollectiveAborted`. The caller retries
+  :class:`~ringseed.collective.engine.CollectiveAborted`. Any other way a call can raise (the
+  coordinator unreachable, ``close()`` during the call) restores the buffer too: when
+  ``Work.wait()`` raises, the buffer is as before the call. Any exception inside the ring
+  operation itself (a reducer raising, a CUDA error) aborts it on every peer at once. The caller retries
   (``retry.all_reduce_with_retry``); the retry runs with the survivors. Even a peer whose own
   part finished cleanly restores and retries, so every peer always holds the same result.
 - A peer the coordinator removed gets :class:`PeerRemoved` from every later call; it must close
-  and connect again as a newcomer.
+  and connect again as a newcomer. ``close()`` never blocks on an operation in flight: that
+  operation raises CollectiveAborted (buffer restored).
 - Every peer must call the same collectives, ``accept_new_peers`` and ``sync_shared_state`` in the
   same order; a newcomer's first call after ``connect`` is ``sync_shared_state``.
 """
@@ -95,6 +99,8 @@ class Communicator:
         self._heartbeat: control.Heartbeat | None = None
         self._epoch = -1
         self._ring: tuple[engine.PeerAddress, ...] = ()
+        self._closing = threading.Event()
+        self._last: concurrent.futures.Future[Any] | None = None
         self.heartbeat_timeout = 10.0
 
     # -- membership ----------------------------------------------------------------------
@@ -150,14 +156,24 @@ class Communicator:
         return self._queue(lambda: self._sync(shared))
 
     def close(self) -> None:
+        """Leave the group and stop; an operation in flight ends in CollectiveAborted with its buffer
+        restored. Returns within about ``engine.CLOSE_WAIT`` whatever the operation was waiting for."""
+        self._closing.set()
         if self._heartbeat is not None:
-            self._heartbeat.stop()
+            self._heartbeat.stop(wait=False)
         try:
             self._client.call("POST", "/v1/leave", {"peer_id": self.peer_id})
         except (control.CoordinatorError, OSError) as exc:
             log.debug("Leave of %s not acknowledged: %s", self.peer_id, exc)
         self._engine.abort("communicator closed")
-        self._worker.shutdown(wait=True, cancel_futures=True)
+        self._client.close()  # wakes the op thread's long polls (votes, verdicts)
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        with self._lock:
+            last = self._last
+        self._worker.shutdown(wait=False, cancel_futures=True)
+        if last is not None and not concurrent.futures.wait([last], timeout=engine.CLOSE_WAIT).done:
+            log.warning("Closed %s with an operation still running", self.peer_id)
         self._engine.close()
         self._client.close_thread_connection()
 
@@ -188,14 +204,33 @@ class Communicator:
         return self._submit(name="all_gather", protect=out, body=body)
 
     def _submit(self, *, name: str, protect: np.ndarray, body: Callable[[int], None]) -> Work:
-        return Work(self._worker.submit(lambda: self._run_op(name=name, protect=protect, body=body)))
+        return Work(self._enqueue(lambda: self._run_op(name=name, protect=protect, body=body)))
 
     def _queue(self, job: Callable[[], T]) -> T:
-        return self._worker.submit(job).result()
+        return self._enqueue(job).result()
+
+    def _enqueue(self, job: Callable[[], T]) -> concurrent.futures.Future[T]:
+        with self._lock:
+            future = self._last = self._worker.submit(job)
+        return future
 
     def _run_op(self, *, name: str, protect: np.ndarray, body: Callable[[int], None]) -> None:
+        """Vote, run, and report; whenever this raises, ``protect`` is as it was before the call."""
         self._check_removed()
         backup = protect.copy()
+        try:
+            self._vote_run_report(name=name, protect=protect, backup=backup, body=body)
+        except engine.CollectiveAborted:
+            raise
+        except BaseException as exc:  # no verdict (coordinator gone, close()): the op did not happen
+            np.copyto(protect, backup)
+            if self._closing.is_set():
+                raise engine.CollectiveAborted(f"{name} on {self.peer_id} ended by close()") from exc
+            raise
+
+    def _vote_run_report(
+        self, *, name: str, protect: np.ndarray, backup: np.ndarray, body: Callable[[int], None]
+    ) -> None:
         begun = self._round("/v1/collective/begin", {"op": name, "nbytes": int(protect.nbytes)})
         tag = int(begun["tag"])
         failure: BaseException | None = None

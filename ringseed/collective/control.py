@@ -8,6 +8,8 @@ Rules:
 - Long polls: a call says how long the coordinator may hold it (``hold``); the socket timeout is
   ``hold`` plus ``timeout``. Round calls vote once, then poll by round number until the round
   has a result, so a poll that is retried can never cast a second vote.
+- :meth:`Client.close` (any thread) ends every call in flight at once, on every thread, with
+  :class:`CoordinatorUnavailable`, and every later call the same way.
 - A dropped connection is retried once on a fresh one (every call is idempotent: a repeated
   vote overwrites, a repeated registration or end changes nothing). A coordinator that stays
   unreachable raises :class:`CoordinatorUnavailable`; an error answer raises
@@ -20,9 +22,11 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
+import socket
 import threading
 import time
 import urllib.parse
@@ -57,11 +61,26 @@ class Client:
         self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         self.timeout = timeout
         self._local = threading.local()
+        self._lock = threading.Lock()
+        self._open: set[http.client.HTTPConnection] = set()
+        self._closed = False
+
+    def close(self) -> None:
+        """End the calls in flight on every thread (their sockets are shut down) and refuse new ones."""
+        with self._lock:
+            self._closed = True
+            conns = list(self._open)
+        for conn in conns:
+            if conn.sock is not None:
+                with contextlib.suppress(OSError):
+                    conn.sock.shutdown(socket.SHUT_RDWR)
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
         conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._local.conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+            with self._lock:
+                self._open.add(conn)
         conn.timeout = timeout
         if conn.sock is not None:
             conn.sock.settimeout(timeout)
@@ -72,12 +91,15 @@ class Client:
         if conn is not None:
             conn.close()
             self._local.conn = None
+            with self._lock:
+                self._open.discard(conn)
 
     def call(
         self, method: str, path: str, body: Mapping[str, Any] | None = None, *, hold: float = 0.0
     ) -> dict[str, Any]:
         data = None if body is None else json.dumps({**body, "wait": hold}).encode()
         for attempt in (1, 2):
+            self._check_open()
             conn = self._connection(hold + self.timeout)
             try:
                 conn.request(method, path, body=data, headers=self._headers)
@@ -85,11 +107,16 @@ class Client:
                 raw = response.read()
             except (OSError, http.client.HTTPException) as exc:
                 self.close_thread_connection()
+                self._check_open()
                 if attempt == 2:
                     raise CoordinatorUnavailable(f"coordinator {self._host}:{self._port}: {exc}") from exc
                 continue
             return _answer(response.status, raw)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CoordinatorUnavailable(f"coordinator {self._host}:{self._port}: client closed")
 
     def round(
         self, path: str, *, peer_id: str, payload: Mapping[str, Any], hold: float = 10.0, timeout: float | None = None
@@ -140,9 +167,10 @@ class Heartbeat:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, *, wait: bool = True) -> None:
         self._stop.set()
-        self._thread.join(timeout=self._interval + self._client.timeout)
+        if wait and self._thread.is_alive():
+            self._thread.join(timeout=self._interval + self._client.timeout)
 
     def _run(self) -> None:
         try:
@@ -161,6 +189,8 @@ class Heartbeat:
             self._stop.set()
             return
         except (CoordinatorError, OSError) as exc:
+            if self._stop.is_set():
+                return  # stopping: the client was closed under us
             log.warning("Heartbeat of %s failed: %s", self._peer_id, exc)
             self._stop.wait(self._interval / 4)
             return

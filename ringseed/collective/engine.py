@@ -14,10 +14,12 @@ floating dtypes; quantised transfer (``"int8"``, ``"fp16"``, ``"bf16"``) only fo
 
 Fault-tolerance contract
 - A neighbour that dies, closes, stalls longer than ``io_timeout`` (mid-frame or between
-  frames), sends a malformed or unexpected frame, or an ``abort(reason)`` from any thread:
-  the in-flight operation raises :class:`CollectiveAborted` with the reason, every ring link
-  is shut down, and all queued operations fail the same way. The caller's array may be
-  partly modified; the caller restores it (``Communicator`` does) and then calls
+  frames), sends a malformed or unexpected frame, any exception inside the operation (a
+  reducer or quantizer raising, a CUDA error, a copy failing), or an ``abort(reason)`` from any
+  thread: the in-flight operation raises :class:`CollectiveAborted` with the reason (chained to
+  the original exception), every ring link is shut down, so the neighbours' operations fail
+  at once with EOF rather than at their I/O timeout, and all queued operations fail the same
+  way. The caller's array may be partly modified; the caller restores it (``Communicator`` does) and then calls
   :meth:`RingEngine.set_ring` with a new epoch, which reconnects and clears the abort.
 - Connections carrying an older epoch than the engine's are refused at the handshake, so a
   straggler from a previous ring can never feed frames into a new one.
@@ -25,6 +27,9 @@ Fault-tolerance contract
   during the wait ends it at once (CollectiveAborted), and so does a refused connection to the
   successor: its listener is bound before it joins and open until it closes, so a refusal means
   the peer is gone.
+- :meth:`RingEngine.close` never blocks on an operation: it aborts it and waits at most
+  ``CLOSE_WAIT`` for it to unwind. The ring's I/O threads start in ``set_ring`` (a process at
+  its pids limit fails there, naming why), never in the middle of an operation.
 - This engine gives no fault tolerance by itself (no retry, no membership): that is the
   control part's job (``communicator.py``).
 """
@@ -41,11 +46,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ringseed.collective import ops, quantize, runner, schedule, transport
+from ringseed.collective import listener, ops, quantize, runner, schedule, transport
 from ringseed.protocol import frames
 
 log = logging.getLogger(__name__)
 ReduceOp = ops.ReduceOp
+CLOSE_WAIT = 5.0  # seconds close() waits for an aborted operation to unwind
 
 
 class CollectiveAborted(Exception):
@@ -87,20 +93,25 @@ class RingEngine:
         self._ring: tuple[PeerAddress, ...] = ()
         self._rank = 0
         self._abort: str | None = None
-        self._listener: transport.Listener | None = None
+        self._listener: listener.Listener | None = None
+        self._running: runner.Run | None = None
+        self._inflight: set[concurrent.futures.Future[None]] = set()
+        self._crew: runner.Crew | None = None
         self._queue = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"ringseed-op-{peer_id}")
-        self._io = concurrent.futures.ThreadPoolExecutor(
-            2 * connections_per_peer, thread_name_prefix=f"ringseed-io-{peer_id}"
-        )
 
     # ----- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> PeerAddress:
         """Bind and accept in the background; returns the address other peers dial."""
-        self._listener = transport.Listener(
-            host=self._host, port=self._port, token=self._token, io_timeout=self._io_timeout, on_ring=self._on_ring
+        self._listener = listener.Listener(
+            host=self._host, port=self._port, token=self._token, io_timeout=self._io_timeout, on_link=self._on_link
         )
-        self._listener.start()
+        try:
+            self._listener.start()
+            self._queue.submit(_nothing).result()  # the op thread starts now, never in the middle of an op
+        except BaseException:
+            self._listener.close()
+            raise
         return self.address
 
     @property
@@ -149,14 +160,23 @@ class RingEngine:
                     log.warning("Aborted collective on %s: %s", self.peer_id, reason)
             for sock in self._outs + self._ins:
                 transport.wake(sock)
+            running = self._running
             self._lock.notify_all()
+        if running is not None:
+            running.cancel(reason)
 
     def close(self) -> None:
+        """Abort what is in flight, stop listening and drop every link; returns within about
+        ``CLOSE_WAIT`` even if an operation is stuck in code that never returns (a hung reducer)."""
         self._stop("engine closed", quiet=True)
         if self._listener is not None:
             self._listener.close()
-        self._queue.shutdown(wait=True, cancel_futures=True)
-        self._io.shutdown(wait=True)
+        with self._lock:
+            inflight = list(self._inflight)
+        self._queue.shutdown(wait=False, cancel_futures=True)
+        _, stuck = concurrent.futures.wait(inflight, timeout=CLOSE_WAIT)
+        if stuck:
+            log.warning("Closed %s with an operation still running (stuck in a reducer?)", self.peer_id)
         with self._lock:
             self._drop_links()
             for sock in self._incoming.values():
@@ -303,28 +323,56 @@ class RingEngine:
             with self._lock:
                 if self._abort is not None:
                     raise CollectiveAborted(self._abort)
-                outs, ins, rank, world = list(self._outs), list(self._ins), self._rank, self.world_size
-            job = runner.Job(
-                plan=plan(rank, world),
-                array=array,
-                dtype=dtype,
-                op=op,
-                tag=tag,
-                world=world,
-                quantize=quantize,
-                reducer=reducer or runner.NumpyReducer(array, dtype),
-            )
+                crew, rank, world = self._crew, self._rank, self.world_size
             try:
+                job = runner.Job(
+                    plan=plan(rank, world),
+                    array=array,
+                    dtype=dtype,
+                    op=op,
+                    tag=tag,
+                    world=world,
+                    quantize=quantize,
+                    reducer=reducer or runner.NumpyReducer(array, dtype),
+                )
                 if world > 1:
-                    runner.run(job, outs=outs, ins=ins, pool=self._io, fail=self.abort)
+                    if crew is None:
+                        raise CollectiveAborted("no ring: call set_ring first")
+                    self._execute(runner.Run(job, fail=self.abort), crew)
+                if after is not None:
+                    after(rank)
+            except CollectiveAborted:
+                raise
             except runner.Failed as exc:
-                raise CollectiveAborted(self._abort or str(exc)) from None
-            if after is not None:
-                after(rank)
+                raise CollectiveAborted(self._abort or str(exc)) from exc.__cause__
+            except Exception as exc:  # planning or copying out failed: the peers must not wait for us
+                reason = f"{type(exc).__name__} in operation tag {tag}: {exc}"
+                self.abort(reason)
+                raise CollectiveAborted(self._abort or reason) from exc
 
-        return self._queue.submit(execute)
+        future = self._queue.submit(execute)
+        with self._lock:
+            self._inflight.add(future)
+        future.add_done_callback(self._retire)
+        return future
 
-    def _on_ring(self, hello: frames.Hello, sock: socket.socket) -> str | None:
+    def _retire(self, future: concurrent.futures.Future[None]) -> None:
+        with self._lock:
+            self._inflight.discard(future)
+
+    def _execute(self, run: runner.Run, crew: runner.Crew) -> None:
+        """Run one plan; an abort from any thread cancels it while it is registered here."""
+        with self._lock:
+            self._running = run
+            if self._abort is not None:
+                run.cancel(self._abort)
+        try:
+            crew.execute(run)
+        finally:
+            with self._lock:
+                self._running = None
+
+    def _on_link(self, hello: frames.Hello, sock: socket.socket) -> str | None:
         with self._lock:
             if hello.epoch < self._epoch:
                 return f"stale epoch {hello.epoch}, current is {self._epoch}"
@@ -355,7 +403,15 @@ class RingEngine:
                         s.close()
                     raise CollectiveAborted(f"{prev.peer_id!r} did not connect in {timeout} s (epoch {self._epoch})")
                 self._lock.wait(min(left, 0.5))
-            self._outs, self._ins = outs, [self._incoming.pop(k) for k in keys]
+            ins = [self._incoming.pop(k) for k in keys]
+        try:
+            crew = runner.Crew(outs=outs, ins=ins, name=f"ringseed-io-{self.peer_id}")
+        except Exception as exc:  # a thread cannot start (a pids limit): fail here, never mid-operation
+            for s in outs + ins:
+                s.close()
+            raise CollectiveAborted(f"could not start the ring's I/O threads: {type(exc).__name__}: {exc}") from exc
+        with self._lock:
+            self._outs, self._ins, self._crew = outs, ins, crew
 
     def _dial(self, peer: PeerAddress, *, channel: int, deadline: float) -> socket.socket:
         while True:
@@ -386,7 +442,9 @@ class RingEngine:
         for sock in self._outs + self._ins:
             transport.wake(sock)
             sock.close()
-        self._outs, self._ins = [], []
+        if self._crew is not None:
+            self._crew.close()
+        self._outs, self._ins, self._crew = [], [], None
 
 
 def _check_array(array: np.ndarray, *, bfloat16: bool) -> frames.DType:
@@ -397,6 +455,10 @@ def _check_array(array: np.ndarray, *, bfloat16: bool) -> frames.DType:
 
 def _check_quantize(mode: str, dtype: frames.DType) -> None:
     quantize.check_mode(mode, dtype)
+
+
+def _nothing() -> None:
+    return None
 
 
 def _close(sock: socket.socket) -> bool:

@@ -79,26 +79,28 @@ def check_op(op: ReduceOp, dtype: frames.DType) -> None:
 
 
 def combine(dst: np.ndarray, src: np.ndarray, *, op: ReduceOp, dtype: frames.DType) -> None:
-    """``dst = op(dst, src)`` elementwise, in place."""
+    """``dst = op(dst, src)`` elementwise, in place (IEEE results, overflow and NaN without warnings)."""
     ufunc = _UFUNC[op]
-    if dtype is frames.DType.BF16:
-        wide = bf16_to_f32(dst)
-        ufunc(wide, bf16_to_f32(src), out=wide)
-        f32_to_bf16(wide, out=dst)
-    else:
-        ufunc(dst, src, out=dst)
+    with np.errstate(all="ignore"):
+        if dtype is frames.DType.BF16:
+            wide = bf16_to_f32(dst)
+            ufunc(wide, bf16_to_f32(src), out=wide)
+            f32_to_bf16(wide, out=dst)
+        else:
+            ufunc(dst, src, out=dst)
 
 
 def divide(dst: np.ndarray, *, divisor: int, dtype: frames.DType) -> None:
     """``dst /= divisor`` in place (AVG's last step, floating dtypes only)."""
-    if dtype is frames.DType.BF16:
-        wide = bf16_to_f32(dst)
-        np.divide(wide, np.float32(divisor), out=wide)
-        f32_to_bf16(wide, out=dst)
-    elif dtype is frames.DType.F16:
-        dst[...] = (dst.astype(np.float32) / np.float32(divisor)).astype(np.float16)
-    else:
-        np.divide(dst, dst.dtype.type(divisor), out=dst)
+    with np.errstate(all="ignore"):
+        if dtype is frames.DType.BF16:
+            wide = bf16_to_f32(dst)
+            np.divide(wide, np.float32(divisor), out=wide)
+            f32_to_bf16(wide, out=dst)
+        elif dtype is frames.DType.F16:
+            dst[...] = (dst.astype(np.float32) / np.float32(divisor)).astype(np.float16)
+        else:
+            np.divide(dst, dst.dtype.type(divisor), out=dst)
 
 
 def bf16_to_f32(u16: np.ndarray) -> np.ndarray:

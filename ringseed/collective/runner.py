@@ -14,16 +14,19 @@ What this module owns
 
 Fault-tolerance contract
 - Every received header is validated against the plan before its payload is read.
-- Any error (``FrameError``, timeout, EOF, socket error) calls ``fail(reason)`` once, which
-  must wake every socket of the op (the engine shuts the links down); the other loops then
-  stop, and :func:`run` raises :class:`Failed` with the first reason. The array may be partly
-  modified; restoring it is the caller's job.
+- Any exception in a loop (``FrameError``, timeout, EOF, socket error, and equally a reducer,
+  quantizer or copy raising, or an I/O thread that cannot start) calls ``fail(reason)`` once,
+  which must wake every socket of the op (the engine shuts the links down, so the neighbours'
+  loops fail at once with EOF and abort theirs the same way); the other loops then stop, and
+  :meth:`Run.execute` raises :class:`Failed` with the first reason, chained to the original
+  exception. :meth:`Run.cancel` ends a run from outside (an engine abort). The array may be
+  partly modified; restoring it is the caller's job.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
+import queue
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -71,14 +74,26 @@ class Job:
     reducer: Reducer
 
 
-class _State:
-    def __init__(self, job: Job, fail: Callable[[str], None]) -> None:
+class Run:
+    """One plan in flight. :meth:`cancel` (any thread) and any local error end it promptly."""
+
+    def __init__(self, job: Job, *, fail: Callable[[str], None]) -> None:
         self.job = job
         self.cond = threading.Condition()
         self.done = bytearray(len(job.plan.recvs))
         self.failed = False
+        self.reason = ""
+        self.cause: BaseException | None = None
         self._fail = fail
+        self._loops_left = 0
         self.stored: list[np.ndarray | None] = [None] * job.plan.segments
+
+    def cancel(self, reason: str) -> None:
+        """Stop waiting loops (the caller wakes the sockets); the first reason wins."""
+        with self.cond:
+            if not self.failed:
+                self.failed, self.reason = True, reason
+            self.cond.notify_all()
 
     def mark(self, index: int) -> None:
         with self.cond:
@@ -90,57 +105,91 @@ class _State:
             while not self.done[index]:
                 if self.failed:
                     raise Failed("aborted while waiting for a segment")
-                self.cond.wait(0.5)
+                self.cond.wait()
 
-    def fail(self, reason: str) -> None:
+    def guard(self, loop: Callable[..., None], *args: object) -> None:
+        """Run one loop; any exception becomes the run's failure (or a consequence of an earlier one)."""
+        try:
+            loop(self, *args)
+        except Failed:
+            pass  # the run already failed or was cancelled; the first reason is recorded
+        except frames.FrameError as exc:
+            self._report(f"malformed or unexpected frame: {exc}", exc)
+        except TimeoutError as exc:
+            self._report(f"peer stalled: no data for the I/O timeout (tag {self.job.tag})", exc)
+        except OSError as exc:
+            self._report(f"connection failed: {exc}", exc)
+        except Exception as exc:  # a reducer, quantizer or copy raising (a CUDA error, a user reducer, a bug)
+            self._report(f"{type(exc).__name__} in the ring runner (tag {self.job.tag}): {exc}", exc)
+
+    def _report(self, reason: str, cause: BaseException) -> None:
         with self.cond:
-            first = not self.failed
-            self.failed = True
+            if self.failed:
+                return  # a consequence of an earlier failure, not a cause
+            self.failed, self.reason, self.cause = True, reason, cause
             self.cond.notify_all()
-        if first:
-            self._fail(reason)
+        self._fail(reason)
+
+    def _expect(self, loops: int) -> None:
+        with self.cond:
+            self._loops_left = loops
+
+    def _loop_done(self) -> None:
+        with self.cond:
+            self._loops_left -= 1
+            self.cond.notify_all()
+
+    def _wait_loops(self) -> None:
+        with self.cond:
+            while self._loops_left > 0:
+                self.cond.wait()
 
 
-def run(
-    job: Job,
-    *,
-    outs: Sequence[socket.socket],
-    ins: Sequence[socket.socket],
-    pool: concurrent.futures.ThreadPoolExecutor,
-    fail: Callable[[str], None],
-) -> None:
-    """Run ``job`` to completion or raise Failed (after ``fail`` woke everything)."""
-    state = _State(job, fail)
-    futures = [pool.submit(_guard, state, _send_loop, state, outs[i], i, len(outs)) for i in range(len(outs))]
-    futures += [pool.submit(_guard, state, _recv_loop, state, ins[i], i, len(ins)) for i in range(len(ins))]
-    errors = [f.result() for f in futures]
-    first = next((e for e in errors if e is not None), None)
-    if first is not None or state.failed:
-        raise Failed(first or "aborted")
+class Crew:
+    """The ring's I/O threads: one sender per outgoing link and one receiver per incoming link,
+    started with the links and living as long as they do; each runs its part of every plan.
+
+    Starting the threads with the links (not per operation) means an operation never needs a new
+    thread: a process at its pids limit fails in ``set_ring`` with a clear error, never mid-op."""
+
+    def __init__(self, *, outs: Sequence[socket.socket], ins: Sequence[socket.socket], name: str) -> None:
+        loops = [(_send_loop, s, i, len(outs)) for i, s in enumerate(outs)]
+        loops += [(_recv_loop, s, i, len(ins)) for i, s in enumerate(ins)]
+        self._queues: list[queue.SimpleQueue[Run | None]] = []
+        try:
+            for k, args in enumerate(loops):
+                jobs: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
+                thread = threading.Thread(target=_serve, args=(jobs, *args), name=f"{name}-{k}", daemon=True)
+                thread.start()
+                self._queues.append(jobs)
+        except BaseException:
+            self.close()
+            raise
+
+    def execute(self, run: Run) -> None:
+        """Run the plan to completion or raise Failed (after ``fail`` woke everything)."""
+        run._expect(len(self._queues))
+        for jobs in self._queues:
+            jobs.put(run)
+        run._wait_loops()
+        if run.failed:
+            raise Failed(run.reason or "aborted") from run.cause
+
+    def close(self) -> None:
+        """Let the threads exit once their current loop ends (the caller wakes the sockets); no wait."""
+        for jobs in self._queues:
+            jobs.put(None)
 
 
-def _guard(state: _State, loop: Callable[..., None], *args: object) -> str | None:
-    try:
-        loop(*args)
-    except Failed as exc:
-        return str(exc)
-    except frames.FrameError as exc:
-        return _report(state, f"malformed or unexpected frame: {exc}")
-    except TimeoutError:
-        return _report(state, f"peer stalled: no data for the I/O timeout (tag {state.job.tag})")
-    except OSError as exc:
-        return _report(state, f"connection failed: {exc}")
-    return None
+def _serve(jobs: queue.SimpleQueue[Run | None], loop: Callable[..., None], *args: object) -> None:
+    while (run := jobs.get()) is not None:
+        try:
+            run.guard(loop, *args)
+        finally:
+            run._loop_done()
 
 
-def _report(state: _State, reason: str) -> str:
-    if state.failed:
-        return "aborted"  # a consequence of an earlier failure, not a cause
-    state.fail(reason)
-    return reason
-
-
-def _send_loop(state: _State, sock: socket.socket, channel: int, channels: int) -> None:
+def _send_loop(state: Run, sock: socket.socket, channel: int, channels: int) -> None:
     job = state.job
     wire = quantize.wire_dtype(job.quantize) if job.quantize else job.dtype
     scratch = np.empty(0, np.uint8)
@@ -162,7 +211,7 @@ def _send_loop(state: _State, sock: socket.socket, channel: int, channels: int) 
         transport.send_frame(sock, header, payload)
 
 
-def _recv_loop(state: _State, sock: socket.socket, channel: int, channels: int) -> None:
+def _recv_loop(state: Run, sock: socket.socket, channel: int, channels: int) -> None:
     job = state.job
     head = bytearray(frames.HEADER_BYTES)
     staging = np.empty(0, job.array.dtype)
@@ -192,16 +241,14 @@ def _recv_loop(state: _State, sock: socket.socket, channel: int, channels: int) 
         state.mark(item.seq)
 
 
-def _reduce(state: _State, item: schedule.Recv, values: np.ndarray) -> None:
+def _reduce(state: Run, item: schedule.Recv, values: np.ndarray) -> None:
     job = state.job
     job.reducer.combine(start=item.start, stop=item.stop, src=values, op=job.op)
     if item.final and job.op is ops.ReduceOp.AVG:
         job.reducer.divide(start=item.start, stop=item.stop, divisor=job.world)
 
 
-def _recv_quantized(
-    state: _State, sock: socket.socket, item: schedule.Recv, wire: np.ndarray, values: np.ndarray
-) -> None:
+def _recv_quantized(state: Run, sock: socket.socket, item: schedule.Recv, wire: np.ndarray, values: np.ndarray) -> None:
     job = state.job
     assert job.quantize is not None
     region = job.array[item.start : item.stop]
@@ -221,10 +268,10 @@ def _recv_quantized(
         quantize.decode(stored, dtype=job.dtype, mode=job.quantize, out=region)
 
 
-def _stored(state: _State, seg: int) -> np.ndarray:
+def _stored(state: Run, seg: int) -> np.ndarray:
     data = state.stored[seg]
     if data is None:
-        raise Failed(f"segment {seg} has no stored bytes (schedule bug)")
+        raise RuntimeError(f"segment {seg} has no stored bytes (schedule bug)")
     return data
 
 

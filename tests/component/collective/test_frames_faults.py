@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from ringseed.collective import engine, transport
+from ringseed.collective import engine, listener, transport
 from ringseed.protocol import frames
 from tests.component.collective import _engine_ring
 
@@ -64,7 +64,7 @@ class FakePeer:
 
     def __init__(self) -> None:
         self.accepted: list[socket.socket] = []
-        self.listener = transport.Listener(host="127.0.0.1", port=0, token=TOKEN, io_timeout=5, on_ring=self._keep)
+        self.listener = listener.Listener(host="127.0.0.1", port=0, token=TOKEN, io_timeout=5, on_link=self._keep)
         self.listener.start()
         self.address = engine.PeerAddress(peer_id="fake", host="127.0.0.1", port=self.listener.port)
         self.out: socket.socket | None = None

@@ -6,6 +6,10 @@ emulator, lean: none of the bookkeeping that only assertions use) over HTTP on l
 ModelDistributions at once, and prints p50/p95/max of the time from each create to (a) all four
 children present (Secret, master Deployment and Service, agent DaemonSet) and (b) the first status
 patch. Masters are unreachable here (a closed loopback port), as right after a real create.
+Also printed: the CPU time the process (operator and KMock together) spent from the first create
+until every resource had its children and status (robust where wall time is not: on a shared
+machine), and whether the run ended cleanly: no record at ERROR or above was logged from start to
+stop (a failed status patch at shutdown, say).
 ``--own-process`` runs the operator in a process of its own instead, as in a cluster (on a
 machine with a core to spare for it; on two busy cores it measured slower than the thread).
 
@@ -141,6 +145,20 @@ def percentiles(values: list[float]) -> str:
     return f"p50 {statistics.median(values):6.3f} s   p95 {p95(values):6.3f} s   max {max(values):6.3f} s"
 
 
+class ErrorCount(logging.Handler):
+    """Counts records at ERROR or above (kopf logs a failed handler's traceback at ERROR)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+CPU: dict[str, float] = {}
+
+
 async def measure(*, count: int, within: float, own_process: bool = False) -> tuple[list[float], list[float]]:
     async with Emulator(lean=True) as api, kmock.Server(api):
         harness.declare(api)
@@ -153,9 +171,10 @@ async def measure(*, count: int, within: float, own_process: bool = False) -> tu
                 await harness.create(api, harness.MD_RES, harness.model_distribution(name))
                 created[name] = time.perf_counter()
 
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             await asyncio.gather(*(make(name) for name in names))
             children, status = await watch(api, names=names, since=started, within=within)
+            CPU["seconds"] = time.process_time() - cpu
             return [children[n] - created[n] for n in names if n in children], [
                 status[n] - created[n] for n in names if n in status
             ]
@@ -199,6 +218,8 @@ def main() -> int:
         serve_operator(args.operator_for)
         return 0
     logging.basicConfig(level=logging.ERROR)
+    errors = ErrorCount()
+    logging.getLogger().addHandler(errors)
     children, status = asyncio.run(measure(count=args.count, within=args.timeout, own_process=args.own_process))
     where = "its own process" if args.own_process else "a thread of the benchmark"
     print(f"{args.count} ModelDistributions created at once against KMock ({constants.API_VERSION})")
@@ -207,10 +228,14 @@ def main() -> int:
         f"  create -> all children present ({len(children)}/{args.count}):  {percentiles(children or [float('nan')])}"
     )
     print(f"  create -> first status patch   ({len(status)}/{args.count}):  {percentiles(status or [float('nan')])}")
+    if not args.own_process:  # the operator's own process has its own CPU clock
+        print(f"  process CPU until all were done: {CPU.get('seconds', float('nan')):.2f} s (operator + KMock)")
+    clean = not errors.records
+    print(f"  clean end (no ERROR logged): {'yes' if clean else 'NO'} ({len(errors.records)} records)")
     ok = len(children) == len(status) == args.count
     ok = ok and all(statistics.median(v) <= 0.5 and p95(v) <= 2 for v in (children, status))
     print("  target p50 <= 0.5 s, p95 <= 2 s:", "met" if ok else "NOT met")
-    return 0 if ok else 1
+    return 0 if ok and clean else 1
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ causes here. Rules:
 - create/update/resume: parse the spec (invalid: Failed + InvalidSpec, no retries), make the
   token Secret once, apply master Deployment + Service and agent DaemonSet (create if missing,
   merge-patch when the spec hash differs), then record ``observedGeneration``.
-  The handler also writes the first status (Pending, before any tracker can answer), so a new
-  resource gets its children and its status from one handler run.
+  A new resource (or one repaired from Failed) gets its first status (Pending, with its
+  generation) before its children, from the same handler run.
 - timer: with an invalid spec, (re)write Failed + InvalidSpec; before the handler has applied the
   spec (no ``observedGeneration``) nothing; else read the tracker's ``/v1/status`` and, when it
   answered, the agent DaemonSet and its pods (which nodes should hold the model:
@@ -48,20 +48,24 @@ def plan(rt: runtime.Runtime, body: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 async def apply(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logger, fresh: bool = False) -> None:
     children = await runtime.parse_or_fail(rt, body=body, parse=lambda: plan(rt, body))
-    await runtime.apply_children(rt, body=body, children=children, logger=logger, fresh=fresh)
-    # Later phases are the timer's (the only writer that knows the tracker's state); this records
-    # that the spec was acted upon, which also lets the timer take over from an earlier Failed.
     previous = body.get("status") or {}
-    new: dict[str, Any] = {"observedGeneration": runtime.generation_of(body)}
+    generation = runtime.generation_of(body)
     if not previous.get("phase") or previous.get("phase") == "Failed":
-        new = status.md_status(
+        # A new (or just repaired) resource: say Pending at once, before the children exist.
+        first = status.md_status(
             reach=status.Reach(report=None),
-            generation=runtime.generation_of(body),
+            generation=generation,
             previous=previous,
             now=runtime.now_text(),
             degraded_after=rt.degraded_after,
         )
-    await runtime.write_status(rt, body=body, new=new)
+        await runtime.write_status(rt, body=body, new=first)
+        await runtime.apply_children(rt, body=body, children=children, logger=logger, fresh=fresh)
+        return
+    await runtime.apply_children(rt, body=body, children=children, logger=logger, fresh=fresh)
+    # Later phases are the timer's (the only writer that knows the tracker's state); this records
+    # that the spec was acted upon.
+    await runtime.write_status(rt, body=body, new={"observedGeneration": generation})
 
 
 async def observe(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logger) -> None:

@@ -325,11 +325,16 @@ def invalid_status(
 
 
 def phase_event(*, previous: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """``(type, reason, message)`` of the Event to post when the phase changed, else None."""
+    """``(type, reason, message)`` of the Event to post when the phase changed, else None.
+
+    A resource's first phase is news only when it is a Warning (Failed): "Pending" right after a
+    create says nothing ``kubectl get`` does not (and is one request per new resource saved)."""
     old, new = previous.get("phase"), current.get("phase")
     if not new or old == new:
         return None
     kind = "Warning" if new in ("Degraded", "Failed") else "Normal"
+    if old is None and kind == "Normal":
+        return None
     message = f"Phase changed from {old or 'none'} to {new}: {current.get('message', '')}".rstrip(": ")
     return kind, f"Phase{new}", message
 

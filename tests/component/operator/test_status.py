@@ -82,7 +82,7 @@ async def test_tracker_progress_reaches_status_events_and_node_labels(operator: 
     assert status["nodesReady"] == 2  # the last figures stay
     await eventually(lambda: ("Warning", "PhaseDegraded") in events_about(kmock, "llama"), what="a Degraded Event")
     reasons = [reason for _, reason in events_about(kmock, "llama")]
-    assert reasons == [f"Phase{p}" for p in ("Pending", "Downloading", "Distributing", "Complete", "Degraded")]
+    assert reasons == [f"Phase{p}" for p in ("Downloading", "Distributing", "Complete", "Degraded")]
 
 
 async def test_status_from_the_real_tracker(operator: Operator) -> None:

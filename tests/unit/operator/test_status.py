@@ -173,7 +173,8 @@ def test_phase_events() -> None:
     )
     assert (kind, reason) == ("Warning", "PhaseDegraded")
     assert message == "Phase changed from Complete to Degraded: 2 of 3 nodes failed"
-    assert status.phase_event(previous={}, current={"phase": "Pending"})[:2] == ("Normal", "PhasePending")  # type: ignore[index]
+    assert status.phase_event(previous={}, current={"phase": "Pending"}) is None  # the first phase: no news
+    assert status.phase_event(previous={}, current={"phase": "Failed"})[:2] == ("Warning", "PhaseFailed")  # type: ignore[index]
 
 
 @pytest.mark.parametrize(("seconds", "text"), [(None, "unknown"), (0, "0s"), (59.6, "1m00s"), (7322, "2h02m")])

@@ -18,7 +18,7 @@ import base64
 from typing import Any
 
 from ringseed.api import constants, types
-from ringseed.operator import builders_common, builders_md, builders_tg
+from ringseed.operator import builders_common, builders_md, builders_monitor, builders_tg
 from ringseed.operator import config as config_module
 
 SPEC_HASH_ANNOTATION = constants.SPEC_HASH_ANNOTATION
@@ -47,8 +47,14 @@ def token_secret(*, body: Body, token: str) -> dict[str, Any]:
 def md_children(
     *, body: Body, spec: types.ModelDistributionSpec, config: config_module.OperatorConfig
 ) -> list[dict[str, Any]]:
-    """Deployment ``<name>-master`` (tracker), Service ``<name>-master``, DaemonSet ``<name>-agent``."""
-    return builders_md.children(body=body, spec=spec, config=config)
+    """Deployment ``<name>-master`` (tracker), Service ``<name>-master``, DaemonSet ``<name>-agent``,
+    and with ``config.pod_monitor`` PodMonitor ``<name>-metrics`` (masters' and agents' ``/metrics``)."""
+    children = builders_md.children(body=body, spec=spec, config=config)
+    if config.pod_monitor:
+        children.append(
+            builders_monitor.pod_monitor(body=body, owner_kind=constants.MD_KIND, ports=["http", "peer"], config=config)
+        )
+    return children
 
 
 def tg_children(
@@ -60,11 +66,17 @@ def tg_children(
 ) -> list[dict[str, Any]]:
     """Deployment ``<name>-master`` (coordinator), Service ``<name>-master``, DaemonSet ``<name>-worker``.
 
+    With ``config.pod_monitor`` also PodMonitor ``<name>-metrics`` (the coordinator's ``/metrics``).
     ``model`` is the referenced ModelDistribution's spec when it exists (its source goes into a pod
     annotation, so workers restart on a new model); with ``spec.model_ref`` set the workers need
     the node label of :func:`model_node_label` either way.
     """
-    return builders_tg.children(body=body, spec=spec, config=config, model=model)
+    children = builders_tg.children(body=body, spec=spec, config=config, model=model)
+    if config.pod_monitor:
+        children.append(
+            builders_monitor.pod_monitor(body=body, owner_kind=constants.TG_KIND, ports=["http"], config=config)
+        )
+    return children
 
 
 def cleanup_daemonset(

@@ -21,6 +21,10 @@ Environment variables (all optional; the default is in brackets):
 - ``RINGSEED_SERVICE_ACCOUNT`` [empty: the namespace's default]: ServiceAccount of masters and
   agents; they never call the Kubernetes API, so its token is not mounted either way.
 - ``RINGSEED_WATCH_NAMESPACES`` [empty: all]: comma-separated namespaces the operator watches.
+- ``RINGSEED_POD_MONITOR`` [``false``]: ``true`` makes a Prometheus Operator PodMonitor
+  ``<name>-metrics`` per resource (its masters' and agents' ``/metrics``, with its token).
+- ``RINGSEED_POD_MONITOR_LABELS`` [``{}``]: a JSON object of labels for those PodMonitors (what the
+  Prometheus' ``podMonitorSelector`` matches, e.g. ``{"release": "prometheus"}``).
 
 Rules: a malformed value raises ``ValueError`` naming the variable; the config is a frozen value
 passed explicitly to builders (no globals).
@@ -64,6 +68,8 @@ class OperatorConfig:
     status_interval_seconds: float = 5.0
     service_account: str = ""
     watch_namespaces: tuple[str, ...] = ()
+    pod_monitor: bool = False
+    pod_monitor_labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def models_root(self) -> str:
@@ -111,6 +117,22 @@ def _bytes(text: str) -> int:
     return units.parse_size(text, syntax=units.Syntax.QUANTITY)
 
 
+def _flag(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise ValueError("must be true or false")
+    return text.lower() == "true"
+
+
+def _labels(text: str) -> dict[str, str]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ValueError("must be a JSON object of string labels")
+    return value
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -142,4 +164,6 @@ _VARIABLES: dict[str, tuple[str, Any]] = {
     "RINGSEED_STATUS_INTERVAL_SECONDS": ("status_interval_seconds", _positive_float),
     "RINGSEED_SERVICE_ACCOUNT": ("service_account", str),
     "RINGSEED_WATCH_NAMESPACES": ("watch_namespaces", _names),
+    "RINGSEED_POD_MONITOR": ("pod_monitor", _flag),
+    "RINGSEED_POD_MONITOR_LABELS": ("pod_monitor_labels", _labels),
 }

@@ -50,6 +50,7 @@ KINDS: dict[str, tuple[str, bool]] = {
     "DaemonSet": ("daemonsets", True),
     "ModelDistribution": ("modeldistributions", True),
     "TrainingGroup": ("traininggroups", True),
+    "PodMonitor": ("podmonitors", True),
 }
 
 MERGE_PATCH = "application/merge-patch+json"

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import kopf
 
 from ringseed.api import constants, validation
-from ringseed.operator import builders, kube, masters, status
+from ringseed.operator import builders, builders_monitor, kube, masters, status
 from ringseed.operator import config as config_module
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,8 @@ async def delete_children(rt: Runtime, *, body: Mapping[str, Any], workload: tup
     """Delete what ownerReferences would make the garbage collector delete (explicit: it may not run)."""
     namespace, name = ident(body)
     kinds = [*CHILD_KINDS, workload, ("v1", "Secret", "token")]
+    if rt.config.pod_monitor:
+        kinds.append((builders_monitor.API_VERSION, builders_monitor.KIND, builders_monitor.SUFFIX))
     await asyncio.gather(
         *(
             rt.kube.delete(api_version=api_version, kind=kind, namespace=namespace, name=f"{name}-{suffix}")

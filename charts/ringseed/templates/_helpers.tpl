@@ -22,7 +22,8 @@ app.kubernetes.io/component: operator
 {{- end -}}
 
 {{- define "ringseed.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- /* toString: `--set image.tag=1` makes the tag a number (`--set-string` keeps "1.10" as written). */ -}}
+{{- printf "%s:%s" .Values.image.repository (toString (default .Chart.AppVersion .Values.image.tag)) -}}
 {{- end -}}
 
 {{- define "ringseed.operatorServiceAccountName" -}}

@@ -39,6 +39,7 @@ BUILTINS = {
     "v1/pods": ("Pod", True),
     "apps/v1/deployments": ("Deployment", True),
     "apps/v1/daemonsets": ("DaemonSet", True),
+    "monitoring.coreos.com/v1/podmonitors": ("PodMonitor", True),
 }
 
 
@@ -123,9 +124,10 @@ class Operator:
     errors: list[BaseException] = field(default_factory=list)
     loop: asyncio.AbstractEventLoop | None = None
     task: asyncio.Task[None] | None = None
+    settings: dict[str, Any] = field(default_factory=dict)  # OperatorConfig fields to override
 
     async def start(self) -> None:
-        config = config_module.OperatorConfig(status_interval_seconds=INTERVAL)
+        config = config_module.OperatorConfig(status_interval_seconds=INTERVAL, **self.settings)
         locator = masters.Locator(template=f"{self.fake.url}/{{namespace}}/{{name}}", mapping=self.mapping)
         server = str(self.kmock.url).rstrip("/")
         ready = threading.Event()

@@ -9,9 +9,20 @@ import aiohttp
 import pytest
 
 from ringseed.api import constants
-from tests.component.operator.conftest import MD_RES, NS, Operator, create, eventually, get, model_distribution, patch
+from tests.component.operator.conftest import (
+    MD_RES,
+    NS,
+    Operator,
+    create,
+    delete,
+    eventually,
+    get,
+    model_distribution,
+    patch,
+)
 
 SECRETS, DEPLOYMENTS, SERVICES, DAEMONSETS = "v1/secrets", "apps/v1/deployments", "v1/services", "apps/v1/daemonsets"
+MONITORS = "monitoring.coreos.com/v1/podmonitors"
 
 
 def children(kmock: Any, name: str) -> dict[str, dict[str, Any] | None]:
@@ -148,3 +159,19 @@ async def test_lean_emulator_of_the_benchmark_serves_the_operator_alike(operator
         async with session.get(f"/api/v1/namespaces/{NS}/secrets/other-token") as response:
             assert response.status == 404
             assert (await response.json())["details"] == {}
+
+
+async def test_pod_monitors_come_and_go_with_their_resource(operator: Operator) -> None:
+    """With metrics.podMonitor.enabled (RINGSEED_POD_MONITOR), each resource gets its PodMonitor."""
+    kmock = operator.kmock
+    operator.settings["pod_monitor"] = True
+    operator.settings["pod_monitor_labels"] = {"release": "prometheus"}
+    await operator.restart()
+    await create(kmock, MD_RES, model_distribution("llama"))
+    monitor = await eventually(lambda: get(kmock, MONITORS, "llama-metrics"), what="the PodMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["metadata"]["ownerReferences"][0]["name"] == "llama"
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["http", "peer"]
+    await delete(kmock, MD_RES, "llama")
+    await eventually(lambda: get(kmock, MD_RES, "llama") is None, what="the resource gone")
+    assert get(kmock, MONITORS, "llama-metrics") is None

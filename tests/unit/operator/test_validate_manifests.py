@@ -9,7 +9,9 @@ ignored there, the API server enforces them).
 from __future__ import annotations
 
 import copy
+import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -178,6 +180,9 @@ def test_crd_schema_rejects_what_validation_rejects(path: tuple[str, ...], value
 @needs_helm
 def test_helm_lint_strict_passes() -> None:
     helm("lint", "--strict", str(CHART))
+    helm(
+        "lint", "--strict", str(CHART), "--set", "metrics.podMonitor.enabled=true,metrics.grafanaDashboard.enabled=true"
+    )
 
 
 @needs_helm
@@ -188,6 +193,7 @@ def test_helm_lint_strict_passes() -> None:
         ("crds.enabled=false",),
         ("crds.keep=false", "operator.watchNamespaces={ml,research}", "imagePullSecrets={regcred}"),
         ("operator.serviceAccount.create=false", "operator.serviceAccount.name=existing", "image.tag=dev"),
+        ("image.tag=1", "metrics.podMonitor.enabled=true", "metrics.grafanaDashboard.enabled=true"),
     ],
 )
 def test_rendered_chart_validates_strictly(sets: tuple[str, ...]) -> None:
@@ -288,3 +294,92 @@ def test_values_schema_rejects_a_bad_value() -> None:
     )  # fmt: skip
     assert result.returncode != 0
     assert "pullPolicy" in result.stderr
+
+
+@needs_helm
+@pytest.mark.parametrize(("tag", "image"), [("1", "r/x:1"), ("1.2.3", "r/x:1.2.3"), ("dev", "r/x:dev")])
+def test_an_image_tag_may_be_a_number(tag: str, image: str) -> None:
+    docs = render("image.repository=r/x", f"image.tag={tag}")  # --set makes "1" a number
+    (deployment,) = [doc for doc in docs if doc["kind"] == "Deployment"]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == image
+    (configmap,) = [doc for doc in docs if doc["kind"] == "ConfigMap"]
+    assert config.OperatorConfig.from_env(configmap["data"]).image == image
+
+
+@needs_helm
+def test_agent_memory_must_be_bytes_not_milli() -> None:
+    assert HELM is not None
+    result = subprocess.run(
+        [HELM, "template", "rs", str(CHART), "--set", "agent.memoryBytes=500m"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode != 0 and "memoryBytes" in result.stderr
+
+
+@needs_helm
+def test_pod_monitors_are_the_operators_to_make_with_their_rbac() -> None:
+    docs = render("metrics.podMonitor.enabled=true", "metrics.podMonitor.labels.release=prometheus")
+    (configmap,) = [doc for doc in docs if doc["kind"] == "ConfigMap"]
+    cfg = config.OperatorConfig.from_env(configmap["data"])
+    assert (cfg.pod_monitor, cfg.pod_monitor_labels) == (True, {"release": "prometheus"})
+    (role,) = [doc for doc in docs if doc["kind"] == "ClusterRole"]
+    monitoring = [rule for rule in role["rules"] if rule["apiGroups"] == ["monitoring.coreos.com"]]
+    assert monitoring == [{"apiGroups": ["monitoring.coreos.com"], "resources": ["podmonitors"],
+                           "verbs": ["get", "create", "patch", "delete"]}]  # fmt: skip
+    off = config.OperatorConfig.from_env(next(d for d in render() if d["kind"] == "ConfigMap")["data"])
+    assert off.pod_monitor is False
+
+    body = {
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.MD_KIND,
+        "metadata": {"name": "llama", "namespace": "ml", "uid": "u1"},
+        "spec": {"source": {"uri": "s3://b/m"}},
+    }
+    spec = validation.parse_model_distribution(body["spec"])
+    children = builders.md_children(body=body, spec=spec, config=cfg)
+    (monitor,) = [c for c in children if c["kind"] == "PodMonitor"]
+    assert monitor["metadata"]["name"] == "llama-metrics" and monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["metadata"]["ownerReferences"][0]["uid"] == "u1"
+    endpoints = monitor["spec"]["podMetricsEndpoints"]
+    assert [e["port"] for e in endpoints] == ["http", "peer"]  # the master's and the agents' named ports
+    ports = {
+        p["name"]
+        for c in children
+        if c["kind"] in ("Deployment", "DaemonSet")
+        for container in c["spec"]["template"]["spec"]["containers"]
+        for p in container.get("ports", [])
+    }
+    assert {"http", "peer"} <= ports
+    assert all(e["authorization"]["credentials"] == {"name": "llama-token", "key": "token"} for e in endpoints)
+    selected = monitor["spec"]["selector"]["matchLabels"]
+    assert all(c["spec"]["template"]["metadata"]["labels"].items() >= selected.items() for c in children
+               if c["kind"] in ("Deployment", "DaemonSet"))  # fmt: skip
+    assert not [c for c in builders.md_children(body=body, spec=spec, config=off) if c["kind"] == "PodMonitor"]
+
+
+def declared_metrics() -> set[str]:
+    """Every metric the code declares (``Metrics.declare("name", ...)``), with the ``ringseed_`` prefix."""
+    names = set()
+    for path in (REPO / "ringseed").rglob("*.py"):
+        names.update(f"ringseed_{n}" for n in re.findall(r'\.declare\(\s*"([a-z_]+)"', path.read_text()))
+    return names
+
+
+@needs_helm
+def test_the_grafana_dashboard_uses_only_metrics_that_exist() -> None:
+    docs = render("metrics.grafanaDashboard.enabled=true")
+    (dashboard,) = [doc for doc in docs if doc["kind"] == "ConfigMap" and "ringseed.json" in doc.get("data", {})]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    board = json.loads(dashboard["data"]["ringseed.json"])
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    used = {name for expr in exprs for name in re.findall(r"ringseed_[a-z_]+", expr)}
+    declared = declared_metrics()
+    assert used and used <= declared, sorted(used - declared)
+    for wanted in (
+        "tracker_throughput_bps",
+        "tracker_bytes_from_origin",
+        "agent_chunks_held",
+        "tracker_nodes_penalised",
+    ):
+        assert f"ringseed_{wanted}" in used
+    assert not [d for d in render() if d["kind"] == "ConfigMap" and "ringseed.json" in d.get("data", {})]

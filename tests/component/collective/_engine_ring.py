@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
@@ -39,3 +40,12 @@ def outcomes(engines: Sequence[engine.RingEngine], fn: Callable[[engine.RingEngi
     with concurrent.futures.ThreadPoolExecutor(len(engines)) as pool:
         futures = [pool.submit(fn, e) for e in engines]
         return [f.exception() or f.result() for f in futures]  # type: ignore[misc]
+
+
+def wait_started(*futures: concurrent.futures.Future[None], timeout: float = 10.0) -> None:
+    """Return once every operation has started running on its engine (or already ended)."""
+    deadline = time.monotonic() + timeout
+    while not all(f.running() or f.done() for f in futures):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"operations not started within {timeout} s")
+        time.sleep(0.005)

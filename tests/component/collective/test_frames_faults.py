@@ -188,7 +188,7 @@ def test_abort_from_another_thread_ends_the_op_fast_and_set_ring_clears_it() -> 
     with _engine_ring.ring(2, io_timeout=60) as peers:
         array = np.ones(LENGTH, np.float32)
         future = peers[0].all_reduce_async(array, op=engine.ReduceOp.SUM, tag=1)  # the peer never joins
-        time.sleep(0.2)
+        _engine_ring.wait_started(future)
         start = time.monotonic()
         threading.Thread(target=peers[0].abort, args=("vote lost",)).start()
         with pytest.raises(engine.CollectiveAborted, match="vote lost"):
@@ -205,7 +205,7 @@ def test_peer_that_dies_mid_op_aborts_the_survivor() -> None:
     with _engine_ring.ring(3, io_timeout=60) as peers:
         arrays = [np.ones(4 << 20, np.float32) for _ in peers]
         futures = [e.all_reduce_async(arrays[e.rank], op=engine.ReduceOp.SUM, tag=1) for e in peers[:2]]
-        time.sleep(0.2)
+        _engine_ring.wait_started(*futures)
         peers[2].close()  # p2 never took part and now goes away
         for f in futures:
             with pytest.raises(engine.CollectiveAborted):

@@ -2,7 +2,7 @@
 
 Runs the real operator (kopf + ringseed's handlers, ``ringseed.operator.command.operate``) in its
 own thread and event loop, as the component tests do, against KMock (the component tests'
-emulator, lean: none of the bookkeeping that only assertions use) over HTTP on loopback; creates N
+emulator without the bookkeeping that only assertions use: ``bench/kmock_lean.py``) over HTTP on loopback; creates N
 ModelDistributions at once, and prints p50/p95/max of the time from each create to (a) all four
 children present (Secret, master Deployment and Service, agent DaemonSet) and (b) the first status
 patch. Masters are unreachable here (a closed loopback port), as right after a real create.
@@ -42,11 +42,11 @@ from typing import Any  # noqa: E402
 import kmock  # noqa: E402
 import kopf  # noqa: E402
 
+from bench import kmock_lean  # noqa: E402
 from ringseed.api import constants  # noqa: E402
 from ringseed.operator import command, masters  # noqa: E402
 from ringseed.operator import config as config_module  # noqa: E402
 from tests.component.operator import conftest as harness  # noqa: E402
-from tests.component.operator.emulator import Emulator  # noqa: E402
 
 CHILDREN = (
     ("v1/secrets", "token"),
@@ -160,7 +160,7 @@ CPU: dict[str, float] = {}
 
 
 async def measure(*, count: int, within: float, own_process: bool = False) -> tuple[list[float], list[float]]:
-    async with Emulator(lean=True) as api, kmock.Server(api):
+    async with kmock_lean.LeanEmulator() as api, kmock.Server(api):
         harness.declare(api)
         running = operator_process if own_process else operator_thread
         async with running(str(api.url).rstrip("/")):

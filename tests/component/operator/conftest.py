@@ -44,8 +44,10 @@ BUILTINS = {
 
 
 @pytest.fixture
-def kmock_options(kmock_options: dict[str, Any]) -> dict[str, Any]:
-    return {**kmock_options, "cls": Emulator}
+def kmock_options(kmock_options: dict[str, Any], request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Our :class:`Emulator`, unless the test's ``kmock`` mark names another class."""
+    marked = [m.kwargs["cls"] for m in request.node.iter_markers("kmock") if "cls" in m.kwargs]
+    return {**kmock_options, "cls": marked[0] if marked else Emulator}
 
 
 def declare(kmock: Any) -> None:

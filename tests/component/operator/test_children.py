@@ -8,6 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bench import kmock_lean
 from ringseed.api import constants
 from tests.component.operator.conftest import (
     MD_RES,
@@ -138,12 +139,12 @@ async def test_spec_change_patches_children_and_unchanged_spec_sends_nothing(ope
     assert patches_to_children(kmock)[before:] == [f"/apis/apps/v1/namespaces/{NS}/daemonsets/llama-agent"]
 
 
-@pytest.mark.kmock(lean=True)
+@pytest.mark.kmock(cls=kmock_lean.LeanEmulator)
 async def test_lean_emulator_of_the_benchmark_serves_the_operator_alike(operator: Operator) -> None:
     """bench/operator.py's emulator (no request log, remembered reaction matching, lookups by key,
     no tracebacks in errors) gives the operator the same children and status."""
     kmock = operator.kmock
-    assert kmock.lean
+    assert isinstance(kmock, kmock_lean.LeanEmulator)
     await create(kmock, MD_RES, model_distribution("llama", uri="s3://models/llama"))
     found = await eventually(
         lambda: all(children(kmock, "llama").values()) and children(kmock, "llama"), what="all four children"

@@ -6,7 +6,7 @@ causes here. Rules:
   token Secret once, apply master Deployment + Service and agent DaemonSet (create if missing,
   merge-patch when the spec hash differs), then record ``observedGeneration``.
   A new resource (or one repaired from Failed) gets its first status (Pending, with its
-  generation) before its children, from the same handler run.
+  generation) while its children are made, from the same handler run.
 - timer: with an invalid spec, (re)write Failed + InvalidSpec; before the handler has applied the
   spec (no ``observedGeneration``) nothing; else read the tracker's ``/v1/status`` and, when it
   answered, the agent DaemonSet and its pods (which nodes should hold the model:
@@ -20,6 +20,7 @@ causes here. Rules:
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 from collections.abc import Mapping
@@ -51,7 +52,8 @@ async def apply(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logger,
     previous = body.get("status") or {}
     generation = runtime.generation_of(body)
     if not previous.get("phase") or previous.get("phase") == "Failed":
-        # A new (or just repaired) resource: say Pending at once, before the children exist.
+        # A new (or just repaired) resource: say Pending while its children are being made (the
+        # two are independent: one round trip, not two, before both are there).
         first = status.md_status(
             reach=status.Reach(report=None),
             generation=generation,
@@ -59,8 +61,10 @@ async def apply(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logger,
             now=runtime.now_text(),
             degraded_after=rt.degraded_after,
         )
-        await runtime.write_status(rt, body=body, new=first)
-        await runtime.apply_children(rt, body=body, children=children, logger=logger, fresh=fresh)
+        await asyncio.gather(
+            runtime.write_status(rt, body=body, new=first),
+            runtime.apply_children(rt, body=body, children=children, logger=logger, fresh=fresh),
+        )
         return
     await runtime.apply_children(rt, body=body, children=children, logger=logger, fresh=fresh)
     # Later phases are the timer's (the only writer that knows the tracker's state); this records

@@ -29,6 +29,15 @@ _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _RESERVED_PREFIX = "ringseed-"
 
 
+# The top-level spec fields each kind accepts. To add one: its name here, a parser below whose
+# errors name the field, a field in ``types``, and the same property in ``crds/`` (a unit test
+# keeps these sets equal to the CRDs' spec properties).
+MD_FIELDS = frozenset(
+    {"source", "chunkSize", "nodeSelector", "tolerations", "cache", "originRateLimit", "seeders", "retainPolicy"}
+)
+TG_FIELDS = frozenset({"template", "nodeSelector", "minPeers", "modelRef", "collective"})
+
+
 class SpecError(ValueError):
     """A spec that cannot work; ``field`` is the path a user writes, ``problem`` says why."""
 
@@ -60,11 +69,7 @@ def parse_model_distribution(
     if name is not None:
         check_name(name)
     spec = _mapping(spec, "spec")
-    _reject_unknown(
-        spec,
-        {"source", "chunkSize", "nodeSelector", "tolerations", "cache", "originRateLimit", "seeders", "retainPolicy"},
-        "spec",
-    )
+    _reject_unknown(spec, MD_FIELDS, "spec")
     cache = _cache(spec.get("cache"))
     if cache.ssd_path is not None and data_root is not None:
         check_ssd_path(cache.ssd_path, data_root=data_root)
@@ -94,7 +99,7 @@ def parse_training_group(spec: Mapping[str, Any], *, name: str | None = None) ->
     if name is not None:
         check_name(name)
     spec = _mapping(spec, "spec")
-    _reject_unknown(spec, {"template", "nodeSelector", "minPeers", "modelRef", "collective"}, "spec")
+    _reject_unknown(spec, TG_FIELDS, "spec")
     model_ref = None
     if spec.get("modelRef") is not None:
         ref = _mapping(spec["modelRef"], "spec.modelRef")
@@ -275,7 +280,7 @@ def _mapping(value: object, field: str) -> Mapping[str, Any]:
     return value
 
 
-def _reject_unknown(value: Mapping[str, Any], allowed: set[str], field: str) -> None:
+def _reject_unknown(value: Mapping[str, Any], allowed: set[str] | frozenset[str], field: str) -> None:
     unknown = sorted(set(value) - allowed)
     if unknown:
         raise SpecError(f"{field}.{unknown[0]}", f"unknown field; expected one of {', '.join(sorted(allowed))}")

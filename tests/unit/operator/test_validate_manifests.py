@@ -88,6 +88,14 @@ def test_crds_state_the_enums_and_bounds_the_code_uses() -> None:
     assert (seeders["minimum"], seeders["maximum"]) == (constants.MIN_SEEDERS, constants.MAX_SEEDERS)
 
 
+@pytest.mark.parametrize(
+    ("plural", "fields"),
+    [(constants.MD_PLURAL, validation.MD_FIELDS), (constants.TG_PLURAL, validation.TG_FIELDS)],
+)
+def test_the_crds_and_the_validation_accept_the_same_spec_fields(plural: str, fields: frozenset[str]) -> None:
+    assert set(schema_of(plural)["properties"]["spec"]["properties"]) == fields
+
+
 def test_printer_columns_show_what_kubectl_get_promises() -> None:
     def columns(plural: str) -> list[str]:
         return [c["name"] for c in crd(plural)["spec"]["versions"][0]["additionalPrinterColumns"]]

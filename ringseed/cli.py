@@ -21,7 +21,7 @@ from ringseed import cmdline
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("operator",): ("ringseed.operator.command", "run the Kubernetes operator (kopf)"),
     ("master",): ("ringseed.master.command", "run a master: tracker (distribution) or coordinator (training)"),
-    ("agent",): ("ringseed.agent.command", "run a node agent (distribution role)"),
+    ("agent",): ("ringseed.agent.command", "run a node agent (distribution role; --role cache: the cache role)"),
     ("manifest",): ("ringseed.agent.manifest_command", "build and print the manifest of a source"),
     ("local", "distribute"): (
         "ringseed.local.distribute",
@@ -31,6 +31,12 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "ringseed.local.allreduce",
         "run a coordinator and N local peers and check an all-reduce",
     ),
+}
+
+
+# (words, --role value) -> module: a role of a command whose flags live in another package
+ROLES: dict[tuple[tuple[str, ...], str], str] = {
+    (("agent",), "cache"): "ringseed.cache.command",
 }
 
 
@@ -69,6 +75,15 @@ def _help_words(argv: Sequence[str]) -> bool:
     return bool(argv) and argv[0] in ("-h", "--help", "help")
 
 
+def _role(rest: Sequence[str]) -> str | None:
+    for i, arg in enumerate(rest):
+        if arg == "--role" and i + 1 < len(rest):
+            return rest[i + 1]
+        if arg.startswith("--role="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if _help_words(argv):
@@ -87,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _not_a_command(argv)
     words, rest = found
     module_name, help_text = COMMANDS[words]
+    module_name = ROLES.get((words, _role(rest) or ""), module_name)
     module: CommandModule = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(
         prog="ringseed " + " ".join(words),

@@ -1,4 +1,4 @@
-"""``ringseed master``: run the master in its tracker (distribution) or coordinator (training) role.
+"""``ringseed master``: run the master in its tracker (distribution), coordinator (training) or cache role.
 
 Owns the master's command line (docs/contracts.md, "Command lines the operator builds"). The
 coordinator role's module is imported only for ``--role coordinator``. The token comes from
@@ -15,7 +15,10 @@ from ringseed import cmdline
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--role", choices=("tracker", "coordinator"), required=True, help="tracker (distribution) or coordinator"
+        "--role",
+        choices=("tracker", "coordinator", "cache"),
+        required=True,
+        help="tracker (distribution), coordinator (training) or cache (node cache metadata)",
     )
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (0.0.0.0: all addresses)")
     parser.add_argument("--port", type=cmdline.port, default=8470, help="port to listen on (0: any free port)")
@@ -42,6 +45,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=False,
         help="coordinator: order the ring by measured bandwidth (default: off)",
     )
+    from ringseed.master import cachemeta_command
+
+    cachemeta_command.configure(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     if token is None:
         print("ringseed master: no token (use --token-file or RINGSEED_TOKEN)", file=sys.stderr)
         return 2
+    if args.role == "cache":
+        from ringseed.master import cachemeta_command
+
+        return cachemeta_command.run(args, token=token)
     if args.role == "tracker":
         from ringseed.master import tracker
 

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aiohttp
 from yarl import URL
@@ -142,21 +142,23 @@ class HTTPClient:
         self._cursors: dict[str, _Cursor] = {}
         self._cursor_locks: dict[str, asyncio.Lock] = {}
 
-    async def _send(self, method: str, url: str, headers: dict[str, str] | None = None) -> aiohttp.ClientResponse:
-        """One signed request, URL sent as given; the caller releases the response."""
+    async def _send(
+        self, method: str, url: str, headers: dict[str, str] | None = None, data: Any = None
+    ) -> aiohttp.ClientResponse:
+        """One signed request, URL sent as given (``data``: an optional body); the caller releases the response."""
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout, auto_decompress=False)
         all_headers = {**self._headers, **(headers or {})}
         if self._sign is not None:
             all_headers = await self._sign(method, url, all_headers)
-        return await self._session.request(method, URL(url, encoded=True), headers=all_headers)
+        return await self._session.request(method, URL(url, encoded=True), headers=all_headers, data=data)
 
     @contextlib.asynccontextmanager
     async def request(
-        self, method: str, url: str, headers: dict[str, str] | None = None
+        self, method: str, url: str, headers: dict[str, str] | None = None, data: Any = None
     ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """One signed request, URL sent as given."""
-        resp = await self._send(method, url, headers)
+        """One signed request, URL sent as given; ``data`` is an optional body (the cache's sink writes)."""
+        resp = await self._send(method, url, headers, data)
         try:
             yield resp
         finally:

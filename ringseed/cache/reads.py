@@ -1,0 +1,155 @@
+"""Reads from the node cache: make an object's chunks local from the nearest verified copy.
+
+Owns the restore order for one chunk: local memory, local SSD (checked once against its name
+after a restart), a peer that holds it (the master lists the holders), then the sink, the
+object's byte range read back through the origin adapters. Every chunk that comes from a peer
+or the sink is hashed before it is kept (:meth:`ringseed.cache.chunks.ChunkStore.receive`); a
+peer that sends bad bytes or fails is skipped for the next holder.
+
+Rules:
+- Single flight: concurrent readers of one chunk on a node wait for one fetch.
+- At most ``fetch_slots`` chunks are fetched at once per agent (a restore streams several
+  chunks in parallel to fill the node's link).
+- When every listed holder fails, the holder list is asked again once (a new replica may
+  exist) before the sink is tried; no copy anywhere is :class:`ReadError` naming the object,
+  the chunk and what each source said.
+- Where a chunk came from is counted (``sources``) for status and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import os
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+from ringseed.cache import chunks, master_client, peers
+from ringseed.protocol import cacheobjects as objects
+
+if TYPE_CHECKING:
+    from ringseed.cache.service import CacheAgent
+
+
+class ReadError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Reads:
+    """Chunk fetching for one cache agent."""
+
+    def __init__(self, agent: CacheAgent) -> None:
+        self.agent = agent
+        self.flights: dict[str, asyncio.Task[None]] = {}
+        self.slots = asyncio.Semaphore(agent.config.fetch_slots)
+        self.sources = {"memory": 0, "ssd": 0, "peer": 0, "sink": 0}
+        self.bytes_from = {"peer": 0, "sink": 0}
+        self.rng = random.Random()
+
+    async def describe(self, path: str) -> dict[str, Any]:
+        """The object at ``path`` with per-chunk holders, from the master."""
+        try:
+            meta: dict[str, Any] = await self.agent.master.object(objects.check_path(path))
+        except master_client.Refused as exc:
+            raise ReadError(exc.error or "refused", exc.reason) from exc
+        except master_client.Unavailable as exc:
+            raise ReadError("master_unavailable", str(exc)) from exc
+        return meta
+
+    async def ensure(self, meta: dict[str, Any], index: int) -> None:
+        """Chunk ``index`` of the object ``meta`` is held here, verified, when this returns."""
+        sha, _ = meta["chunks"][index]
+        store = self.agent.store
+        if store.has(sha) and await store.verify_once(sha):
+            entry = store.book.get(sha)
+            self.sources["memory" if entry is None or entry.tier is chunks.MEMORY else "ssd"] += 1
+            return
+        flight = self.flights.get(sha)
+        if flight is None:
+            flight = asyncio.create_task(self._fetch(meta, index))
+            self.flights[sha] = flight
+            flight.add_done_callback(lambda _: self.flights.pop(sha, None))
+        await asyncio.shield(flight)
+
+    async def _fetch(self, meta: dict[str, Any], index: int) -> None:
+        async with self.slots:
+            if self.agent.store.has(meta["chunks"][index][0]):
+                return
+            problems: list[str] = []
+            if await self._from_peers(meta, index, meta.get("sources", [[]] * (index + 1))[index], problems):
+                return
+            fresh = await self.describe(meta["path"])
+            if fresh.get("version") == meta.get("version"):
+                again = [s for s in fresh["sources"][index] if s not in meta["sources"][index]]
+                if again and await self._from_peers(meta, index, again, problems):
+                    return
+            if await self._from_sink(meta, index, problems):
+                return
+        sha = meta["chunks"][index][0]
+        raise ReadError(
+            "unavailable",
+            f"{meta['path']}: chunk {index} ({sha[:12]}) has no reachable verified copy: " + "; ".join(problems)
+            if problems
+            else f"{meta['path']}: chunk {index} ({sha[:12]}) is held by no online node and there is no sink",
+        )
+
+    async def _from_peers(self, meta: dict[str, Any], index: int, holders: list[Any], problems: list[str]) -> bool:
+        sha, length = meta["chunks"][index]
+        order = list(holders)
+        self.rng.shuffle(order)  # spread a restore's chunks over all holders
+        for name, url in order:
+            if name == self.agent.config.node_name:
+                continue
+
+            async def fill(fd: int, url: str = url) -> None:
+                await peers.fetch_into(
+                    self.agent.http, url=url, token=self.agent.config.token, sha=sha, length=length, fd=fd
+                )
+
+            try:
+                await self._receive(sha, length, fill)
+            except (peers.PeerError, chunks.CorruptChunk) as exc:
+                problems.append(f"peer {name}: {exc}")
+                continue
+            self.sources["peer"] += 1
+            self.bytes_from["peer"] += length
+            return True
+        return False
+
+    async def _from_sink(self, meta: dict[str, Any], index: int, problems: list[str]) -> bool:
+        sink = self.agent.sink
+        if sink is None:
+            return False
+        sha, length = meta["chunks"][index]
+        start = sum(int(c[1]) for c in meta["chunks"][:index])
+
+        async def fill(fd: int) -> None:
+            os.ftruncate(fd, length)
+            with mmap.mmap(fd, length) as mapped:
+                view = memoryview(mapped)
+                try:
+                    await sink.read_into(meta["path"], start, view)  # type: ignore[attr-defined]
+                finally:
+                    view.release()
+
+        try:
+            await self._receive(sha, length, fill)
+        except chunks.CorruptChunk as exc:
+            problems.append(f"sink: holds other bytes for this chunk (an older or newer version?): {exc}")
+            return False
+        except Exception as exc:
+            problems.append(f"sink: {type(exc).__name__}: {exc}")
+            return False
+        self.sources["sink"] += 1
+        self.bytes_from["sink"] += length
+        return True
+
+    async def _receive(self, sha: str, length: int, fill: Any) -> None:
+        deadline = time.monotonic() + self.agent.config.write_deadline
+        try:
+            await self.agent.store.receive(sha=sha, length=length, fill=fill, deadline=deadline)
+        except chunks.CacheFull as exc:
+            raise ReadError("cache_full", f"no room to bring chunk {sha[:12]} here: {exc}") from exc

@@ -23,9 +23,14 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("master",): ("ringseed.master.command", "run a master: tracker (distribution) or coordinator (training)"),
     ("agent",): ("ringseed.agent.command", "run a node agent (distribution role; --role cache: the cache role)"),
     ("manifest",): ("ringseed.agent.manifest_command", "build and print the manifest of a source"),
+    ("mount",): ("ringseed.fs.mount_command", "mount this node's cache tree (ringseed://) with FUSE"),
     ("local", "distribute"): (
         "ringseed.local.distribute",
         "distribute a model to N local agents (cluster-free) and show progress",
+    ),
+    ("local", "checkpoint"): (
+        "ringseed.local.checkpoint",
+        "save a checkpoint into N local cache agents, kill the writer's node and restore it",
     ),
     ("local", "allreduce"): (
         "ringseed.local.allreduce",

@@ -9,7 +9,9 @@ Layout (``memory_dir`` is on tmpfs, shared read-only with the group's training p
   each, named by the SHA-256 of their bytes; a file appears under that name only complete
   (written elsewhere, hashed, then renamed), so a name is a promise about the content.
 - ``<memory_dir>/buffers/<id>``: writer buffers, allocated (``posix_fallocate``, so the agent's
-  process owns the pages) and counted against the memory budget before a writer gets them.
+  process owns the pages) and counted against the memory budget before a writer gets them. A
+  few are kept allocated ahead (:meth:`ChunkStore.start_pool`) from free room only; when room
+  runs short they are given back before anyone waits.
 - ``*/tmp/``: chunks being received or spilled; emptied at start.
 
 Rules:
@@ -73,6 +75,10 @@ class ChunkStore:
         self.unverified: set[str] = set()
         self.changed = asyncio.Event()  # something was freed, unpinned or became evictable
         self._room = asyncio.Lock()
+        self._pool: list[tuple[str, int]] = []  # allocated writer buffers, ready to hand out
+        self._pool_size = 0
+        self._pool_count = 0
+        self._pool_wanted = asyncio.Event()
 
     def _dirs(self, tier: tiers.Tier) -> Path:
         root = self.memory_dir if tier is MEMORY else self.ssd_dir
@@ -136,6 +142,9 @@ class ChunkStore:
                 if isinstance(plan, tiers.Make):
                     await self._carry_out(plan)
                     continue
+                if self._pool:  # idle buffers give their room back before anyone waits
+                    self._drain_pool()
+                    continue
             self.changed.clear()
             left = deadline - time.monotonic()
             if left <= 0:
@@ -178,18 +187,49 @@ class ChunkStore:
 
     # -- writer buffers ------------------------------------------------------------------------------
 
-    async def new_buffer(self, size: int, *, deadline: float) -> tuple[str, int]:
-        """A writer buffer of ``size`` bytes in tmpfs: ``(name, ticket)``; its pages are allocated here."""
-        grant = await self.reserve(size, tiers_=(MEMORY,), deadline=deadline)
-        name = f"{grant.ticket}-{secrets.token_hex(6)}"
+    def start_pool(self, *, size: int, count: int) -> asyncio.Task[None]:
+        """Keep ``count`` buffers of ``size`` bytes allocated ahead, so a writer never waits for pages."""
+        self._pool_size, self._pool_count = size, count
+        return asyncio.create_task(self._fill_pool())
+
+    async def _fill_pool(self) -> None:
+        while True:
+            await self._pool_wanted.wait()
+            self._pool_wanted.clear()
+            while len(self._pool) < self._pool_count:
+                plan = self.book.reserve(self._pool_size, tiers=(MEMORY,), now=time.monotonic())
+                if not isinstance(plan, tiers.Granted):
+                    break  # no free room: the pool never spills chunks; writers allocate on demand
+                try:
+                    self._pool.append(await self._allocate(plan.ticket, self._pool_size))
+                except OSError:
+                    log.exception("Allocating a writer buffer failed")
+                    break
+
+    async def _allocate(self, ticket: int, size: int) -> tuple[str, int]:
+        name = f"{ticket}-{secrets.token_hex(6)}"
         path = self.buffers_dir / name
         try:
             await asyncio.to_thread(_allocate, path, size)
         except OSError:
-            self.release(grant.ticket)
+            self.release(ticket)
             path.unlink(missing_ok=True)
             raise
-        return name, grant.ticket
+        return name, ticket
+
+    def _drain_pool(self) -> None:
+        for name, ticket in self._pool:
+            (self.buffers_dir / name).unlink(missing_ok=True)
+            self.book.release(ticket)
+        self._pool.clear()
+
+    async def new_buffer(self, size: int, *, deadline: float) -> tuple[str, int]:
+        """A writer buffer of ``size`` bytes in tmpfs: ``(name, ticket)``; its pages are allocated here."""
+        self._pool_wanted.set()
+        if self._pool and size == self._pool_size:
+            return self._pool.pop(0)
+        grant = await self.reserve(size, tiers_=(MEMORY,), deadline=deadline)
+        return await self._allocate(grant.ticket, size)
 
     async def adopt_buffer(self, name: str, *, ticket: int, length: int) -> str:
         """Turn a filled writer buffer into chunk files: truncate, hash, rename; returns the SHA-256."""

@@ -35,18 +35,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write-deadline", type=float, default=120.0, help="seconds a writer waits for room")
 
 
-def read_token(token_file: str | None) -> str | None:
-    if token_file:
-        with open(token_file, encoding="utf-8") as f:
-            return f.read().strip() or None
-    return os.environ.get("RINGSEED_TOKEN") or None
-
-
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import signal
     from pathlib import Path
 
+    from ringseed.agent.command import read_token
     from ringseed.cache import service
     from ringseed.protocol import units
 

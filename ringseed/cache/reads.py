@@ -19,7 +19,6 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import mmap
 import os
 import random
 import time
@@ -47,6 +46,7 @@ class Reads:
         self.slots = asyncio.Semaphore(agent.config.fetch_slots)
         self.sources = {"memory": 0, "ssd": 0, "peer": 0, "sink": 0}
         self.bytes_from = {"peer": 0, "sink": 0}
+        self.rejected = 0  # copies that failed verification here (a peer's or the sink's)
         self.rng = random.Random()
 
     async def describe(self, path: str) -> dict[str, Any]:
@@ -81,11 +81,8 @@ class Reads:
             problems: list[str] = []
             if await self._from_peers(meta, index, meta.get("sources", [[]] * (index + 1))[index], problems):
                 return
-            fresh = await self.describe(meta["path"])
-            if fresh.get("version") == meta.get("version"):
-                again = [s for s in fresh["sources"][index] if s not in meta["sources"][index]]
-                if again and await self._from_peers(meta, index, again, problems):
-                    return
+            if await self._from_new_holders(meta, index, problems):
+                return
             if await self._from_sink(meta, index, problems):
                 return
         sha = meta["chunks"][index][0]
@@ -95,6 +92,22 @@ class Reads:
             if problems
             else f"{meta['path']}: chunk {index} ({sha[:12]}) is held by no online node and there is no sink",
         )
+
+    async def _from_new_holders(self, meta: dict[str, Any], index: int, problems: list[str]) -> bool:
+        """Ask for the holders again (a new replica, or a new leader learning them) and try those."""
+        tried = {tuple(s) for s in meta.get("sources", [[]] * (index + 1))[index]}
+        while True:
+            fresh = await self.describe(meta["path"])
+            if fresh.get("version") != meta.get("version"):
+                return False
+            again = [s for s in fresh["sources"][index] if tuple(s) not in tried]
+            if again and await self._from_peers(meta, index, again, problems):
+                return True
+            tried |= {tuple(s) for s in again}
+            wait = float(fresh.get("settling") or 0.0)
+            if wait <= 0:
+                return False
+            await asyncio.sleep(min(wait, 0.25))  # a new leader: holders are re-registering
 
     async def _from_peers(self, meta: dict[str, Any], index: int, holders: list[Any], problems: list[str]) -> bool:
         sha, length = meta["chunks"][index]
@@ -112,6 +125,7 @@ class Reads:
             try:
                 await self._receive(sha, length, fill)
             except (peers.PeerError, chunks.CorruptChunk) as exc:
+                self.rejected += isinstance(exc, chunks.CorruptChunk)
                 problems.append(f"peer {name}: {exc}")
                 continue
             self.sources["peer"] += 1
@@ -127,17 +141,15 @@ class Reads:
         start = sum(int(c[1]) for c in meta["chunks"][:index])
 
         async def fill(fd: int) -> None:
-            os.ftruncate(fd, length)
-            with mmap.mmap(fd, length) as mapped:
-                view = memoryview(mapped)
-                try:
-                    await sink.read_into(meta["path"], start, view)  # type: ignore[attr-defined]
-                finally:
-                    view.release()
+            # One copy more than a peer fetch (buffer, then file); the sink's link is the bottleneck.
+            buffer = bytearray(length)
+            await sink.read_into(meta["path"], start, memoryview(buffer))  # type: ignore[attr-defined]
+            os.pwrite(fd, buffer, 0)
 
         try:
             await self._receive(sha, length, fill)
         except chunks.CorruptChunk as exc:
+            self.rejected += 1
             problems.append(f"sink: holds other bytes for this chunk (an older or newer version?): {exc}")
             return False
         except Exception as exc:

@@ -63,6 +63,7 @@ class Config:
     write_deadline: float = 120.0
     idle_timeout: float = 600.0
     read_lease: float = 30.0
+    buffer_pool: int = 4  # writer buffers allocated ahead
 
 
 class CacheAgent:
@@ -114,6 +115,7 @@ class CacheAgent:
     async def _work(self, stop: asyncio.Event) -> None:
         await self._register_until_done(stop)
         tasks = [asyncio.create_task(c) for c in (self._sync_loop(), self.persister.loop(), self._expire_loop())]
+        tasks.append(self.store.start_pool(size=self.config.chunk_size, count=self.config.buffer_pool))
         stopper = asyncio.create_task(stop.wait())
         try:
             pending = {*tasks, stopper}

@@ -12,8 +12,8 @@ Rules:
 - Writes are all or nothing to a reader: a file sink writes a temporary name, fsyncs and
   renames; S3 uses a multipart upload completed only after every part is in (aborted on
   failure). Each S3 part is one chunk and is sent with its SHA-256 as ``x-amz-content-sha256``,
-  so the store checks every part's integrity too. Chunks must be at least 5 MiB (S3's minimum
-  part size) and an object at most 10,000 chunks.
+  so S3 checks every part's integrity too (moto, the test stand-in, does not). Chunks must be
+  at least 5 MiB (S3's minimum part size) and an object at most 10,000 chunks.
 - Uploads pass through the agent's persist rate limiter (``persistRateLimit``), shared by all
   uploads of the agent, so persisting never takes more of the node's link than allowed.
 - A failure raises :class:`SinkError` (or the origins' ``OriginError``) naming the sink and the

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -78,10 +79,7 @@ class Writes:
         clean = objects.check_writable(path)
         replicas: list[tuple[str, str]] = []
         if self.agent.replicas > 1:
-            try:
-                chosen = await self.agent.master.place()
-            except master_client.Refused as exc:
-                raise WriteError(exc.error or "refused", exc.reason) from exc
+            chosen = await self._retrying(self.agent.master.place)
             replicas = [(r["name"], r["url"]) for r in chosen]
         session = Session(id=secrets.token_hex(12), path=clean, replicas=replicas)
         self.sessions[session.id] = session
@@ -189,10 +187,14 @@ class Writes:
 
     async def commit(self, write_id: str, files: list[dict[str, Any]], copies: list[str]) -> Any:
         """Record ``files`` with the master (retrying through a leader switch; the write id makes it once)."""
+        return await self._retrying(lambda: self.agent.master.commit(write_id=write_id, files=files, copies=copies))
+
+    async def _retrying(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """``call()`` until the master's leader answers (a switch takes seconds), up to the write deadline."""
         deadline = time.monotonic() + self.agent.config.write_deadline
         while True:
             try:
-                return await self.agent.master.commit(write_id=write_id, files=files, copies=copies)
+                return await call()
             except master_client.Unavailable as exc:
                 if time.monotonic() > deadline:
                     raise WriteError("master_unavailable", f"could not commit: {exc}") from exc

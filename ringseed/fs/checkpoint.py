@@ -49,7 +49,7 @@ def save(obj: Any, path: str, *, fs: spec.RingseedFileSystem | None = None) -> S
     target = _filesystem(fs)._open(path, "wb")
     assert isinstance(target, files.WriteFile)
     try:
-        torch.save(obj, target)
+        torch.save(obj, target)  # type: ignore[arg-type]  # a binary file object, as torch accepts
         target.hand_over_tail()
     except BaseException:
         target.discard()

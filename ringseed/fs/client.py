@@ -7,7 +7,8 @@ Settings: ``RINGSEED_CACHE_SOCKET`` (default ``/run/ringseed/cache.sock``) and `
 
 Errors become the ``OSError`` a file API user expects, with the agent's reason as the message:
 404 -> ``FileNotFoundError``; 400 ``bad_path`` -> ``PermissionError`` (a path that leaves the
-group's tree or touches ``data/``); 409 -> ``FileExistsError``; 507 -> ``OSError(ENOSPC)``;
+group's tree or touches ``data/``); ``not_enough_nodes`` -> :class:`CacheUnavailable` (``EAGAIN``);
+409 -> ``FileExistsError``; 507 -> ``OSError(ENOSPC)``;
 503 and an unreachable agent -> :class:`CacheUnavailable` (``OSError(EIO)``); others ``OSError``.
 """
 
@@ -46,6 +47,8 @@ def error_for(status: int, code: str, reason: str) -> OSError:
         return FileNotFoundError(errno.ENOENT, reason)
     if status == 400 and code == "bad_path":
         return PermissionError(errno.EACCES, reason)
+    if code == "not_enough_nodes":
+        return CacheUnavailable(errno.EAGAIN, reason)
     if status == 409:
         return FileExistsError(errno.EEXIST, reason)
     if status == 507:

@@ -180,6 +180,11 @@ class CacheMaster:
                 return
             await self._sync_follower()
 
+    def settling(self) -> float:
+        """Seconds left in which agents are still expected to re-register with this new leader."""
+        window = 2 * self.settings.heartbeat_interval + 1.0
+        return max(0.0, window - (time.monotonic() - self.started))
+
     # -- writes ----------------------------------------------------------------------------------
 
     def require_leader(self) -> None:

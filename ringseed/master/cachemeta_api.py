@@ -20,7 +20,8 @@ Agent endpoints (leader):
 - ``GET /v1/cache/stat?path=P`` -> an object (``type: "file"``) or ``{type: "directory", path}``
 - ``GET /v1/cache/list?path=P`` -> ``{files: [object], dirs: [path]}``
 - ``GET /v1/cache/object?path=P&node=N`` -> the object plus ``sources``: per chunk the online
-  holders ``[[name, url]]`` other than ``N``.
+  holders ``[[name, url]]`` other than ``N``; ``settling``: seconds during which a new leader
+  still expects agents to re-register (holders may be missing until then).
 Replica endpoints: ``POST /v1/replica/follow`` ``{instance, url, seq, term}`` (on the leader),
 ``POST /v1/replica/snapshot`` ``{term, leader, leader_url, snapshot}`` and
 ``POST /v1/replica/append`` ``{term, leader, leader_url, entries: [[seq, entry]]}`` (on the
@@ -38,7 +39,7 @@ from aiohttp import web as aioweb
 from ringseed import web
 from ringseed.master import cachemeta
 from ringseed.master import election as locks
-from ringseed.protocol import cachelog
+from ringseed.protocol import cachelog, cachenodes
 from ringseed.protocol import cacheobjects as objects
 
 Handler = Callable[[aioweb.Request], Awaitable[aioweb.StreamResponse]]
@@ -185,7 +186,12 @@ class _Api:
         m = self.leader
         exclude = [str(n) for n in web.field_of(body, "exclude", list, required=False) or []]
         count = web.field_of(body, "count", int, required=False) or m.settings.replicas - 1
-        chosen = m.nodes.place(writer=_name(body), count=count, exclude=exclude)
+        try:
+            chosen = m.nodes.place(writer=_name(body), count=count, exclude=exclude)
+        except cachenodes.NotEnoughNodes as exc:
+            if m.settling() > 0:  # a new leader: agents are still re-registering
+                raise web.problem(503, "settling", f"{exc}; agents are still registering with this new leader") from exc
+            raise
         return aioweb.json_response({"replicas": [{"name": n.name, "url": n.url} for n in chosen]})
 
     async def commit(self, request: aioweb.Request) -> aioweb.Response:
@@ -252,7 +258,7 @@ class _Api:
         m = self.leader
         meta = m.meta.get(path)
         sources = [[[n.name, n.url] for n in m.nodes.holders_of(c.sha256, exclude=node)] for c in meta.chunks]
-        return aioweb.json_response(dict(meta.to_dict(), type="file", sources=sources))
+        return aioweb.json_response(dict(meta.to_dict(), type="file", sources=sources, settling=m.settling()))
 
     async def follow(self, request: aioweb.Request) -> aioweb.Response:
         body = await web.read_json(request)

@@ -131,11 +131,11 @@ class Cluster:
         for master in list(self.masters):
             await self.stop_master(master)
 
-    async def wait_until(self, predicate: Any, *, timeout: float = 10.0, what: str = "condition") -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
+    async def wait_until(self, predicate: Any, *, within: float = 10.0, what: str = "condition") -> None:
+        deadline = asyncio.get_running_loop().time() + within
         while not predicate():
             if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"timed out waiting for {what}")
+                raise TimeoutError(f"timed out after {within}s waiting for {what}")
             await asyncio.sleep(0.02)
 
     def leader(self) -> Master:

@@ -1,4 +1,4 @@
-"""torch through the ``ringseed://`` filesystem, unchanged: torch.save/torch.load, DCP's fsspec writer and reader, async save."""
+"""torch through ``ringseed://``, unchanged: torch.save/torch.load, DCP's fsspec writer and reader, async save."""
 
 from __future__ import annotations
 

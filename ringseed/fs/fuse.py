@@ -1,0 +1,207 @@
+"""The node cache as a POSIX tree: a FUSE mount of the same ``ringseed://`` tree (fusepy over libfuse 2).
+
+Owns the mapping of FUSE callbacks onto :class:`ringseed.fs.spec.RingseedFileSystem`, so a training
+pod's POSIX readers and writers (``torch.save(obj, "/ckpt/step-1/model.pt")``, ``cp``, ``ls``)
+see the group's tree as files.
+
+Rules:
+- Files are written once, in order: ``open(O_CREAT|O_TRUNC)`` or ``creat`` starts a new version
+  (visible only when it is closed); a write at any offset but the current end is ``EINVAL``;
+  opening an existing file for writing without ``O_TRUNC`` is ``EPERM`` (no update in place).
+- ``close(2)`` returns the acknowledgement: the write is committed in ``flush`` (the callback
+  whose error reaches ``close``), so an application that checks ``close`` knows the file is held
+  on ``replicas`` nodes. An error there is the agent's (``ENOSPC`` when the cache is full, ...).
+- Reads are random access; ``data/`` is read-only (``EROFS`` for writes there).
+- Directories are implicit in the cache; an empty one made through the mount (``mkdir``) is
+  remembered by this mount until something is written below it.
+- Errors keep the errno the SDK raised (``ENOENT``, ``EACCES`` for a path that leaves the tree,
+  ``ENOSPC``, ``EIO`` when the agent is unreachable).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import threading
+import time
+from typing import Any
+
+from fuse import FUSE, FuseOSError, Operations
+
+from ringseed.fs import files, spec
+from ringseed.protocol import cacheobjects as objects
+
+log = logging.getLogger(__name__)
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
+
+
+def _errno(exc: BaseException) -> int:
+    if isinstance(exc, OSError) and exc.errno:
+        return int(exc.errno)
+    return errno.EIO
+
+
+class CacheOperations(Operations):  # type: ignore[misc]
+    """FUSE callbacks over one RingseedFileSystem (thread-safe: fusepy runs them on many threads)."""
+
+    def __init__(self, fs: spec.RingseedFileSystem) -> None:
+        self.fs = fs
+        self.handles: dict[int, files.ReadFile | files.WriteFile] = {}
+        self.local_dirs: set[str] = set()
+        self.uid, self.gid = os.getuid(), os.getgid()
+        self.started = time.time()
+        self._next = 1
+        self._lock = threading.Lock()
+
+    def __call__(self, op: str, *args: Any) -> Any:
+        try:
+            return super().__call__(op, *args)
+        except FuseOSError:
+            raise
+        except OSError as exc:
+            raise FuseOSError(_errno(exc)) from exc
+        except ValueError as exc:
+            raise FuseOSError(errno.EINVAL) from exc
+
+    @staticmethod
+    def _rel(path: str) -> str:
+        return path.strip("/")
+
+    def _add(self, handle: files.ReadFile | files.WriteFile) -> int:
+        with self._lock:
+            fh = self._next
+            self._next += 1
+            self.handles[fh] = handle
+            return fh
+
+    # -- metadata ------------------------------------------------------------------------------
+
+    def _dir_stat(self) -> dict[str, Any]:
+        return {"st_mode": stat.S_IFDIR | 0o755, "st_nlink": 2, "st_uid": self.uid, "st_gid": self.gid,
+                "st_mtime": self.started, "st_ctime": self.started, "st_atime": self.started}  # fmt: skip
+
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        rel = self._rel(path)
+        handle = self.handles.get(fh) if fh is not None else None
+        if isinstance(handle, files.WriteFile):
+            return self._file_stat(handle.tell(), time.time(), writable=True)
+        if rel == "" or rel in self.local_dirs:
+            return self._dir_stat()
+        info = self.fs.info(rel)
+        if info["type"] == "directory":
+            self.local_dirs.discard(rel)
+            return self._dir_stat()
+        return self._file_stat(info["size"], info.get("mtime", self.started), writable=not objects.is_data(rel))
+
+    def _file_stat(self, size: int, mtime: float, *, writable: bool) -> dict[str, Any]:
+        mode = stat.S_IFREG | (0o644 if writable else 0o444)
+        return {"st_mode": mode, "st_nlink": 1, "st_size": size, "st_uid": self.uid, "st_gid": self.gid,
+                "st_mtime": mtime, "st_ctime": mtime, "st_atime": mtime, "st_blksize": 1 << 20}  # fmt: skip
+
+    def readdir(self, path: str, fh: int) -> list[str]:
+        rel = self._rel(path)
+        names = {os.path.basename(e) for e in self.fs.ls(rel, detail=False)} if rel not in self.local_dirs else set()
+        prefix = rel + "/" if rel else ""
+        names |= {d[len(prefix) :].split("/", 1)[0] for d in self.local_dirs if d.startswith(prefix) and d != rel}
+        return [".", "..", *sorted(names)]
+
+    def statfs(self, path: str) -> dict[str, Any]:
+        return {"f_bsize": 1 << 20, "f_frsize": 1 << 20, "f_blocks": 1 << 20, "f_bfree": 1 << 19,
+                "f_bavail": 1 << 19, "f_namemax": 255}  # fmt: skip
+
+    def mkdir(self, path: str, mode: int) -> None:
+        rel = objects.check_writable(self._rel(path))
+        if self.fs.exists(rel):
+            raise FuseOSError(errno.EEXIST)
+        self.local_dirs.add(rel)
+
+    def rmdir(self, path: str) -> None:
+        rel = self._rel(path)
+        if rel in self.local_dirs:
+            self.local_dirs.discard(rel)
+            return
+        if self.fs.ls(rel, detail=False):
+            raise FuseOSError(errno.ENOTEMPTY)
+
+    def unlink(self, path: str) -> None:
+        self.fs.rm_file(self._rel(path))
+
+    def rename(self, old: str, new: str) -> None:
+        self.fs.mv(self._rel(old), self._rel(new))
+
+    def chmod(self, path: str, mode: int) -> None:
+        return None  # modes are not kept (objects are files of the group's tree)
+
+    def chown(self, path: str, uid: int, gid: int) -> None:
+        return None
+
+    def utimens(self, path: str, times: Any = None) -> None:
+        return None
+
+    # -- files ---------------------------------------------------------------------------------
+
+    def create(self, path: str, mode: int, fi: Any = None) -> int:
+        rel = self._rel(path)
+        if objects.is_data(rel):
+            raise FuseOSError(errno.EROFS)
+        handle = self.fs._open(rel, "wb")
+        self._forget_dirs_above(rel)
+        return self._add(handle)
+
+    def _forget_dirs_above(self, rel: str) -> None:
+        self.local_dirs -= {d for d in self.local_dirs if objects.is_under(rel, d)}
+
+    def open(self, path: str, flags: int) -> int:
+        rel = self._rel(path)
+        if flags & _WRITE_FLAGS:
+            if objects.is_data(rel):
+                raise FuseOSError(errno.EROFS)
+            if not flags & os.O_TRUNC:
+                raise FuseOSError(errno.EPERM)  # objects are written once: no update in place
+            return self.create(path, 0o644)
+        return self._add(self.fs._open(rel, "rb"))
+
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        handle = self.handles[fh]
+        if not isinstance(handle, files.ReadFile):
+            raise FuseOSError(errno.EBADF)
+        out = bytearray(min(size, max(0, handle.size - offset)))
+        got = handle.pread(offset, memoryview(out))
+        return bytes(out[:got])
+
+    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        handle = self.handles[fh]
+        if not isinstance(handle, files.WriteFile):
+            raise FuseOSError(errno.EBADF)
+        if offset != handle.tell():
+            raise FuseOSError(errno.EINVAL)  # written once, in order
+        return handle.write(data)
+
+    def truncate(self, path: str, length: int, fh: int | None = None) -> None:
+        handle = self.handles.get(fh) if fh is not None else None
+        if isinstance(handle, files.WriteFile) and length == handle.tell():
+            return
+        if handle is None and length == 0 and not self.fs.exists(self._rel(path)):
+            return
+        raise FuseOSError(errno.EPERM)
+
+    def flush(self, path: str, fh: int) -> None:
+        handle = self.handles.get(fh)
+        if isinstance(handle, files.WriteFile) and not handle.closed:
+            handle.close()  # the acknowledgement: close(2) returns after it (or with its error)
+
+    def release(self, path: str, fh: int) -> None:
+        handle = self.handles.pop(fh, None)
+        if handle is not None and not handle.closed:
+            handle.close()
+
+    def fsync(self, path: str, datasync: int, fh: int) -> None:
+        return None  # durability comes with close (flush)
+
+
+def mount(fs: spec.RingseedFileSystem, mountpoint: str, *, foreground: bool = True) -> None:
+    """Mount ``fs`` at ``mountpoint`` until unmounted (blocks in the foreground)."""
+    FUSE(CacheOperations(fs), mountpoint, foreground=foreground, nothreads=False, big_writes=True,
+         max_read=1 << 20, max_write=1 << 20, default_permissions=True, allow_other=os.getuid() == 0)  # fmt: skip

@@ -1,0 +1,127 @@
+"""The FUSE mount of the cache tree: POSIX writes, reads, listings, renames and refusals through a real mount."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ringseed.local import cacheswarm
+
+MiB = 1 << 20
+
+
+def _fuse_problem() -> str | None:
+    if os.geteuid() != 0:
+        return "not root: mounting FUSE needs root here"
+    if not Path("/dev/fuse").exists():
+        return "no /dev/fuse"
+    try:
+        import fuse  # noqa: F401
+    except (ImportError, OSError) as exc:
+        return f"fusepy or libfuse2 missing ({exc}); apt-get install libfuse2"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_fuse_problem() is not None, reason=_fuse_problem() or "")
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cacheswarm.CacheSwarm]:
+    # Agents run as processes: a writer that blocks in a FUSE write while holding the GIL (torch's
+    # C++ file writer does) must not share a process with the agent that serves the mount.
+    local = cacheswarm.CacheSwarm(nodes=2, workdir=tmp_path_factory.mktemp("fuse-swarm"), chunk_size=8 * MiB)
+    try:
+        local.start()
+        local.wait_ready(timeout=60)
+        yield local
+    finally:
+        local.close()
+
+
+@pytest.fixture(scope="module")
+def mounted(swarm: cacheswarm.CacheSwarm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("fuse")
+    point = root / "mnt"
+    point.mkdir()
+    env = dict(os.environ, **swarm.env_for("node-0"))
+    with open(root / "mount.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "ringseed.cli", "mount", str(point)], stdout=log,
+                                stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while not os.path.ismount(point):
+            assert proc.poll() is None, (root / "mount.log").read_text()
+            assert time.monotonic() < deadline, "mount did not appear"
+            time.sleep(0.05)
+        yield point
+    finally:
+        subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
+        proc.terminate()
+        proc.wait(10)
+
+
+def leader_meta(swarm: cacheswarm.CacheSwarm, path: str) -> dict[str, object]:
+    status = swarm.leader()
+    assert status is not None
+    return swarm._get(f"{swarm.master_urls[status]}/v1/cache/stat?path={path}")  # type: ignore[no-any-return]
+
+
+def test_posix_writes_and_reads_through_the_mount(mounted: Path, swarm: cacheswarm.CacheSwarm) -> None:
+    data = os.urandom(20 * MiB + 3)
+
+    def posix() -> None:
+        (mounted / "step-1").mkdir()
+        with open(mounted / "step-1" / "model.pt", "wb") as f:
+            for start in range(0, len(data), 1 << 20):
+                f.write(data[start : start + (1 << 20)])
+        assert (mounted / "step-1" / "model.pt").stat().st_size == len(data)
+        assert (mounted / "step-1" / "model.pt").read_bytes() == data
+        with open(mounted / "step-1" / "model.pt", "rb") as f:
+            f.seek(9 * MiB)
+            assert f.read(100) == data[9 * MiB : 9 * MiB + 100]
+        assert sorted(os.listdir(mounted)) == ["step-1"]
+        os.rename(mounted / "step-1" / "model.pt", mounted / "step-1" / "final.pt")
+        assert os.listdir(mounted / "step-1") == ["final.pt"]
+
+    posix()
+    meta = leader_meta(swarm, "step-1/final.pt")
+    assert meta["size"] == len(data)
+    status = swarm.agent_status("node-1")
+    assert status is not None and status["received_bytes"] >= len(data)  # replicated before close returned
+
+
+def test_refusals_keep_their_errno(mounted: Path) -> None:
+    def posix() -> None:
+        (mounted / "a.bin").write_bytes(b"once")
+        with pytest.raises(OSError) as caught, open(mounted / "a.bin", "r+b"):  # update in place
+            pass
+        assert caught.value.errno == errno.EPERM
+        with pytest.raises(OSError) as caught:
+            (mounted / "data" / "x").write_bytes(b"no")
+        assert caught.value.errno in (errno.EROFS, errno.EACCES, errno.ENOENT)
+        with pytest.raises(FileNotFoundError):
+            (mounted / "missing").read_bytes()
+        os.unlink(mounted / "a.bin")
+        assert "a.bin" not in os.listdir(mounted)
+
+    posix()
+
+
+def test_torch_save_and_load_on_plain_paths(mounted: Path) -> None:
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    sd = {"w": torch.arange(100_000, dtype=torch.float32)}
+
+    def roundtrip() -> object:
+        (mounted / "ck").mkdir()
+        torch.save(sd, mounted / "ck" / "model.pt")
+        return torch.load(mounted / "ck" / "model.pt", weights_only=True)
+
+    back = roundtrip()
+    assert torch.equal(back["w"], sd["w"])  # type: ignore[index]

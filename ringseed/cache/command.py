@@ -40,13 +40,17 @@ def run(args: argparse.Namespace) -> int:
     import signal
     from pathlib import Path
 
-    from ringseed.agent.command import read_token
+    from ringseed import cmdline
     from ringseed.cache import service
     from ringseed.protocol import units
 
-    token = read_token(args.token_file)
     problems = []
-    if token is None:
+    try:
+        token = cmdline.read_token(args.token_file)
+    except ValueError as exc:
+        problems.append(str(exc))
+        token = None
+    if token is None and not problems:
         problems.append("no token (use --token-file or RINGSEED_TOKEN)")
     if not args.master_url:
         problems.append("no master URL (use --master-url or RINGSEED_MASTER_URL)")

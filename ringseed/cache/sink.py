@@ -163,7 +163,7 @@ class S3Sink(s3.S3Origin):
         key = self._dir_prefix + objects.check_path(path)
         return self._object_url(key) + (f"?{query}" if query else "")
 
-    async def _send(self, method: str, url: str, *, sha: str, data: Any = None, length: int = 0) -> tuple[int, bytes]:
+    async def _call(self, method: str, url: str, *, sha: str, data: Any = None, length: int = 0) -> tuple[int, bytes]:
         headers = {"x-amz-content-sha256": sha, "Content-Length": str(length)}
         async with self.request(method, url, headers=headers, data=data) as resp:
             body = await resp.read()
@@ -173,7 +173,7 @@ class S3Sink(s3.S3Origin):
 
     async def _put_small(self, path: str, data: bytes) -> None:
         sha = hashlib.sha256(data).hexdigest()
-        await self._send("PUT", self._url(path), sha=sha, data=data, length=len(data))
+        await self._call("PUT", self._url(path), sha=sha, data=data, length=len(data))
 
     async def put(self, path: str, parts: Sequence[Part], *, sidecar: Mapping[str, Any]) -> None:
         try:
@@ -190,9 +190,9 @@ class S3Sink(s3.S3Origin):
         if len(parts) <= 1:
             sha = parts[0].sha256 if parts else EMPTY_SHA256
             length = parts[0].length if parts else 0
-            await self._send("PUT", self._url(path), sha=sha, data=_paced(self.pace, parts), length=length)
+            await self._call("PUT", self._url(path), sha=sha, data=_paced(self.pace, parts), length=length)
             return
-        _, body = await self._send("POST", self._url(path, "uploads"), sha=EMPTY_SHA256)
+        _, body = await self._call("POST", self._url(path, "uploads"), sha=EMPTY_SHA256)
         upload_id = _find_text(body, "UploadId")
         if not upload_id:
             raise SinkError(f"{self.uri}: CreateMultipartUpload for {path!r} gave no UploadId")
@@ -214,7 +214,7 @@ class S3Sink(s3.S3Origin):
                 f"<Part><PartNumber>{n}</PartNumber><ETag>{tag}</ETag></Part>" for n, tag in enumerate(etags, start=1)
             )
             xml = f"<CompleteMultipartUpload>{done}</CompleteMultipartUpload>".encode()
-            _, answer = await self._send(
+            _, answer = await self._call(
                 "POST", self._url(path, f"uploadId={_quote(upload_id)}"), sha=hashlib.sha256(xml).hexdigest(),
                 data=xml, length=len(xml),
             )  # fmt: skip
@@ -222,7 +222,7 @@ class S3Sink(s3.S3Origin):
                 raise SinkError(f"{self.uri}: completing {path!r} failed: {answer[:300]!r}")
         except BaseException:
             with contextlib.suppress(Exception):
-                await self._send("DELETE", self._url(path, f"uploadId={_quote(upload_id)}"), sha=EMPTY_SHA256)
+                await self._call("DELETE", self._url(path, f"uploadId={_quote(upload_id)}"), sha=EMPTY_SHA256)
             raise
 
     async def get_sidecar(self, path: str) -> dict[str, Any] | None:

@@ -24,10 +24,13 @@ def run(args: argparse.Namespace) -> int:
     except (ImportError, OSError) as exc:  # fusepy missing, or libfuse not installed
         print(f"ringseed mount: FUSE is not available here: {exc}", file=sys.stderr)
         return 2
-    token = None
-    if args.token_file:
-        with open(args.token_file, encoding="utf-8") as f:
-            token = f.read().strip() or None
+    from ringseed import cmdline
+
+    try:
+        token = cmdline.read_token(args.token_file)
+    except ValueError as exc:
+        print(f"ringseed mount: {exc}", file=sys.stderr)
+        return 2
     filesystem = spec.RingseedFileSystem(socket=args.socket, token=token)
     fuse.mount(filesystem, args.mountpoint)
     return 0

@@ -98,7 +98,7 @@ class CacheSwarm(swarm.LocalSwarm):
     def agent_url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.agent_ports[name]}"
 
-    def start_agent(self, name: str, *, env: Mapping[str, str] | None = None) -> None:
+    def start_agent(self, name: str, *, env: Mapping[str, str] | None = None, module: str = "ringseed.cli") -> None:
         argv = ["agent", "--role", "cache", "--master-url", ",".join(self.master_urls), "--node-name", name]
         argv += ["--advertise-host", "127.0.0.1", "--host", "127.0.0.1", "--port", str(self.agent_ports[name])]
         argv += ["--socket", str(self.socket(name)), "--memory-dir", str(self.shm_dir / name)]
@@ -108,7 +108,7 @@ class CacheSwarm(swarm.LocalSwarm):
             argv += ["--sink", self.sink]
         if self.persist_rate_limit:
             argv += ["--persist-rate-limit", str(self.persist_rate_limit)]
-        self._spawn(name, argv, env)
+        self._spawn(name, argv, env, module=module)
 
     def env_for(self, name: str) -> dict[str, str]:
         """What a writer process on node ``name`` needs in its environment."""

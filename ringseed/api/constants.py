@@ -78,6 +78,20 @@ RETAIN_POLICIES = (RETAIN, DELETE)
 QUANTIZATIONS = ("none", "int8", "fp16", "bf16")
 SOURCE_SCHEMES = ("s3", "http", "https", "file")
 
+# The node cache (TrainingGroup spec.checkpoints / spec.data).
+CACHE_MASTER_PORT = MASTER_PORT
+CACHE_AGENT_PORT = 8473
+DEFAULT_CHECKPOINT_REPLICAS = 2
+MAX_CHECKPOINT_REPLICAS = 8
+DEFAULT_CACHE_MEMORY_BYTES = 4 << 30
+DEFAULT_CACHE_CHUNK_SIZE = 32 << 20
+MIN_CACHE_CHUNK_SIZE = 5 << 20  # S3's smallest multipart part: one chunk is one part
+MAX_DATA_SOURCES = 16
+CACHE_SHM_ROOT = "/dev/shm/ringseed"  # memory tier (tmpfs), per <namespace>/<name>
+CACHE_SOCKET_ROOT = "/run/ringseed"  # the agent's Unix socket, per <namespace>/<name>
+COMPONENT_CACHE = "cache"
+COMPONENT_CACHE_AGENT = "cache-agent"
+
 # Phases shown in status.phase.
 MD_PHASES = ("Pending", "Downloading", "Distributing", "Complete", "Degraded", "Failed")
 TG_PHASES = ("WaitingForModel", "Starting", "Running", "Degraded", "Failed")

@@ -60,9 +60,53 @@ class CollectiveSpec:
 
 
 @dataclass(frozen=True)
+class SinkSpec:
+    """Where checkpoints are persisted behind the cache: ``s3://`` or ``file://``."""
+
+    uri: str
+    secret_name: str | None = None  # Secret whose keys become the cache agents' environment (AWS_*)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """``spec.checkpoints``: the node cache for checkpoints (issue 12)."""
+
+    sink: SinkSpec | None = None  # None: cache only, nothing persisted
+    replicas: int = constants.DEFAULT_CHECKPOINT_REPLICAS  # copies, the writer's node included
+    memory_bytes: int = constants.DEFAULT_CACHE_MEMORY_BYTES
+    ssd_bytes: int = 0
+    ssd_path: str | None = None  # under the data root; None: <dataRoot>/cache
+    keep: int = 0  # checkpoints kept in the cache; 0: all
+    persist_rate_limit: int | None = None  # bytes/s to the sink; None: unlimited
+    chunk_size: int = constants.DEFAULT_CACHE_CHUNK_SIZE
+
+
+@dataclass(frozen=True)
+class DataSource:
+    name: str  # a DNS label: the dataset is ringseed://data/<name>/...
+    uri: str
+    secret_name: str | None = None
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """``spec.data``: read-through dataset caching (issue 13)."""
+
+    sources: tuple[DataSource, ...]
+    memory_bytes: int = constants.DEFAULT_CACHE_MEMORY_BYTES
+    ssd_bytes: int = 0
+    mount_path: str | None = None  # a FUSE mount of ringseed://data in every worker container
+    warmup: bool = False
+    warmup_paths: tuple[str, ...] = ()  # prefixes to warm (empty: everything)
+    list_ttl_seconds: int = 300
+
+
+@dataclass(frozen=True)
 class TrainingGroupSpec:
     template: dict[str, Any]  # a PodTemplateSpec, passed through (checked only where ringseed relies on it)
     node_selector: dict[str, str] = field(default_factory=dict)
     min_peers: int = 1
     model_ref: ModelRef | None = None
     collective: CollectiveSpec = field(default_factory=CollectiveSpec)
+    checkpoints: CheckpointSpec | None = None
+    data: DataSpec | None = None

@@ -35,7 +35,7 @@ _RESERVED_PREFIX = "ringseed-"
 MD_FIELDS = frozenset(
     {"source", "chunkSize", "nodeSelector", "tolerations", "cache", "originRateLimit", "seeders", "retainPolicy"}
 )
-TG_FIELDS = frozenset({"template", "nodeSelector", "minPeers", "modelRef", "collective"})
+TG_FIELDS = frozenset({"template", "nodeSelector", "minPeers", "modelRef", "collective", "checkpoints", "data"})
 
 
 class SpecError(ValueError):
@@ -55,11 +55,11 @@ def check_name(name: str) -> None:
         raise SpecError("metadata.name", f"{name!r} is longer than {constants.MAX_NAME_LENGTH} characters")
 
 
-def check_ssd_path(path: str, *, data_root: str) -> None:
-    """``cache.ssdPath`` must lie under the operator's data root (hostPath is confined there)."""
+def check_ssd_path(path: str, *, data_root: str, field: str = "spec.cache.ssdPath") -> None:
+    """An ``ssdPath`` must lie under the operator's data root (hostPath is confined there)."""
     root = posixpath.normpath(data_root)
     if posixpath.commonpath([root, path]) != root or path == root:
-        raise SpecError("spec.cache.ssdPath", f"{path!r} is not under the data root {root!r}")
+        raise SpecError(field, f"{path!r} is not under the data root {root!r}")
 
 
 def parse_model_distribution(
@@ -94,8 +94,11 @@ def parse_model_distribution(
     )
 
 
-def parse_training_group(spec: Mapping[str, Any], *, name: str | None = None) -> types.TrainingGroupSpec:
-    """A validated TrainingGroup spec; with ``name``, also the name and that modelRef is not itself."""
+def parse_training_group(
+    spec: Mapping[str, Any], *, name: str | None = None, data_root: str | None = None
+) -> types.TrainingGroupSpec:
+    """A validated TrainingGroup spec; with ``name``, also the name and that modelRef is not itself;
+    with ``data_root``, that ``checkpoints.ssdPath`` lies under it."""
     if name is not None:
         check_name(name)
     spec = _mapping(spec, "spec")
@@ -116,7 +119,123 @@ def parse_training_group(spec: Mapping[str, Any], *, name: str | None = None) ->
         min_peers=_int(spec.get("minPeers", 1), "spec.minPeers", low=1, high=constants.MAX_MIN_PEERS),
         model_ref=model_ref,
         collective=_collective(spec.get("collective")),
+        checkpoints=_checkpoints(spec.get("checkpoints"), data_root=data_root),
+        data=_data(spec.get("data")),
     )
+
+
+def _secret_ref(value: object, field: str) -> str | None:
+    if value is None:
+        return None
+    ref = _mapping(value, field)
+    _reject_unknown(ref, {"name"}, field)
+    name = _string(ref.get("name"), f"{field}.name")
+    if not _DNS_1123_SUBDOMAIN.match(name) or len(name) > 253:
+        raise SpecError(f"{field}.name", f"{name!r} is not a valid Secret name")
+    return name
+
+
+def _checkpoints(value: object, *, data_root: str | None) -> types.CheckpointSpec | None:
+    if value is None:
+        return None
+    field = "spec.checkpoints"
+    spec = _mapping(value, field)
+    _reject_unknown(
+        spec, {"sink", "replicas", "memoryBytes", "ssdBytes", "ssdPath", "keep", "persistRateLimit", "chunkSize"}, field
+    )
+    sink = None
+    if spec.get("sink") is not None:
+        raw = _mapping(spec["sink"], f"{field}.sink")
+        _reject_unknown(raw, {"uri", "secretRef"}, f"{field}.sink")
+        uri = _uri(raw.get("uri"), f"{field}.sink.uri")
+        if not uri.startswith(("s3://", "file://")):
+            raise SpecError(f"{field}.sink.uri", f"{uri!r}: a sink is s3:// or file://")
+        sink = types.SinkSpec(uri=uri, secret_name=_secret_ref(raw.get("secretRef"), f"{field}.sink.secretRef"))
+    chunk = _bytes(
+        spec.get("chunkSize", constants.DEFAULT_CACHE_CHUNK_SIZE),
+        f"{field}.chunkSize",
+        low=constants.MIN_CACHE_CHUNK_SIZE,
+        high=constants.MAX_CHUNK_SIZE,
+    )
+    memory = _bytes(spec.get("memoryBytes", constants.DEFAULT_CACHE_MEMORY_BYTES), f"{field}.memoryBytes", low=chunk)
+    ssd_path = None
+    if spec.get("ssdPath") is not None:
+        ssd_path = _absolute(spec["ssdPath"], f"{field}.ssdPath")
+        if data_root is not None:
+            check_ssd_path(ssd_path, data_root=data_root, field=f"{field}.ssdPath")
+    rate = spec.get("persistRateLimit")
+    return types.CheckpointSpec(
+        sink=sink,
+        replicas=_int(
+            spec.get("replicas", constants.DEFAULT_CHECKPOINT_REPLICAS),
+            f"{field}.replicas",
+            low=1,
+            high=constants.MAX_CHECKPOINT_REPLICAS,
+        ),
+        memory_bytes=memory,
+        ssd_bytes=_bytes(spec.get("ssdBytes", 0), f"{field}.ssdBytes"),
+        ssd_path=ssd_path,
+        keep=_int(spec.get("keep", 0), f"{field}.keep", low=0, high=100_000),
+        persist_rate_limit=None if rate is None else _bytes(rate, f"{field}.persistRateLimit", low=1),
+        chunk_size=chunk,
+    )
+
+
+def _data(value: object) -> types.DataSpec | None:
+    if value is None:
+        return None
+    field = "spec.data"
+    spec = _mapping(value, field)
+    _reject_unknown(spec, {"sources", "memoryBytes", "ssdBytes", "mountPath", "warmup", "listTTLSeconds"}, field)
+    raw_sources = spec.get("sources")
+    if not isinstance(raw_sources, list) or not 0 < len(raw_sources) <= constants.MAX_DATA_SOURCES:
+        raise SpecError(f"{field}.sources", f"must list 1 to {constants.MAX_DATA_SOURCES} sources")
+    sources, names = [], set()
+    for index, item in enumerate(raw_sources):
+        at = f"{field}.sources[{index}]"
+        source = _mapping(item, at)
+        _reject_unknown(source, {"name", "uri", "secretRef"}, at)
+        name = _string(source.get("name"), f"{at}.name")
+        if not _DNS_1035.match(name) or len(name) > 63 or name in names:
+            raise SpecError(f"{at}.name", f"{name!r} must be a unique lowercase DNS label")
+        names.add(name)
+        sources.append(
+            types.DataSource(
+                name=name,
+                uri=_uri(source.get("uri"), f"{at}.uri"),
+                secret_name=_secret_ref(source.get("secretRef"), f"{at}.secretRef"),
+            )
+        )
+    mount = None if spec.get("mountPath") is None else _absolute(spec["mountPath"], f"{field}.mountPath")
+    warmup = spec.get("warmup")
+    enabled = False
+    paths: tuple[str, ...] = ()
+    if warmup is not None:
+        raw = _mapping(warmup, f"{field}.warmup")
+        _reject_unknown(raw, {"enabled", "paths"}, f"{field}.warmup")
+        enabled = raw.get("enabled", True)
+        if not isinstance(enabled, bool):
+            raise SpecError(f"{field}.warmup.enabled", "must be true or false")
+        listed = raw.get("paths") or []
+        if not isinstance(listed, list) or not all(isinstance(p, str) and p for p in listed):
+            raise SpecError(f"{field}.warmup.paths", "must be a list of path prefixes")
+        paths = tuple(str(p).strip("/") for p in listed)
+    return types.DataSpec(
+        sources=tuple(sources),
+        memory_bytes=_bytes(spec.get("memoryBytes", constants.DEFAULT_CACHE_MEMORY_BYTES), f"{field}.memoryBytes"),
+        ssd_bytes=_bytes(spec.get("ssdBytes", 0), f"{field}.ssdBytes"),
+        mount_path=mount,
+        warmup=enabled,
+        warmup_paths=paths,
+        list_ttl_seconds=_int(spec.get("listTTLSeconds", 300), f"{field}.listTTLSeconds", low=0, high=86_400),
+    )
+
+
+def _absolute(value: object, field: str) -> str:
+    raw = _string(value, field)
+    if not raw.startswith("/") or ".." in raw.split("/"):
+        raise SpecError(field, f"{raw!r} must be an absolute path without '..'")
+    return posixpath.normpath(raw)
 
 
 def _source(value: object) -> types.SourceSpec:

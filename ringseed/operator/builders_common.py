@@ -153,9 +153,17 @@ def ringseed_container(*, name: str, config: config_module.OperatorConfig, comma
 
 
 def master_deployment(
-    *, body: Body, owner_kind: str, role: str, flags: list[str], config: config_module.OperatorConfig
+    *,
+    body: Body,
+    owner_kind: str,
+    role: str,
+    flags: list[str],
+    config: config_module.OperatorConfig,
+    suffix: str = "master",
+    component: str = constants.COMPONENT_MASTER,
+    replicas: int = 1,
 ) -> dict[str, Any]:
-    """Deployment ``<name>-master``: one replica, Recreate, ``ringseed master --role <role> ...``."""
+    """Deployment ``<name>-<suffix>``: ``replicas`` (1 by default), Recreate, ``ringseed master --role <role> ...``."""
     name = name_of(body)
     command = ["ringseed", "master", "--role", role, "--port", str(constants.MASTER_PORT)]
     container = ringseed_container(
@@ -168,7 +176,7 @@ def master_deployment(
         resources=copy.deepcopy(config.master_resources),
         volumeMounts=[dict(TOKEN_MOUNT), dict(TMP_MOUNT)],
     )
-    pod_labels = labels(body=body, component=constants.COMPONENT_MASTER, owner_kind=owner_kind)
+    pod_labels = labels(body=body, component=component, owner_kind=owner_kind)
     pod = {
         **pod_basics(config=config),
         "containers": [container],
@@ -178,32 +186,30 @@ def master_deployment(
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": metadata(
-                body=body, suffix="master", component=constants.COMPONENT_MASTER, owner_kind=owner_kind
-            ),
+            "metadata": metadata(body=body, suffix=suffix, component=component, owner_kind=owner_kind),
             "spec": {
-                "replicas": 1,
+                "replicas": replicas,
                 "revisionHistoryLimit": 3,
                 "strategy": {"type": "Recreate"},
-                "selector": {"matchLabels": selector_labels(instance=name, component=constants.COMPONENT_MASTER)},
+                "selector": {"matchLabels": selector_labels(instance=name, component=component)},
                 "template": {"metadata": {"labels": pod_labels}, "spec": pod},
             },
         }
     )
 
 
-def master_service(*, body: Body, owner_kind: str) -> dict[str, Any]:
-    """Service ``<name>-master`` on port 8470 in front of the master Deployment."""
+def master_service(
+    *, body: Body, owner_kind: str, suffix: str = "master", component: str = constants.COMPONENT_MASTER
+) -> dict[str, Any]:
+    """Service ``<name>-<suffix>`` on port 8470 in front of the master Deployment."""
     return with_spec_hash(
         {
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": metadata(
-                body=body, suffix="master", component=constants.COMPONENT_MASTER, owner_kind=owner_kind
-            ),
+            "metadata": metadata(body=body, suffix=suffix, component=component, owner_kind=owner_kind),
             "spec": {
                 "type": "ClusterIP",
-                "selector": selector_labels(instance=name_of(body), component=constants.COMPONENT_MASTER),
+                "selector": selector_labels(instance=name_of(body), component=component),
                 "ports": [{"name": "http", "port": constants.MASTER_PORT, "targetPort": "http", "protocol": "TCP"}],
             },
         }

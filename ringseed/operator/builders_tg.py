@@ -20,6 +20,8 @@ What the worker DaemonSet adds to the template (everything else is the user's, u
   read-only at ``/models/<model>`` in every container, and the node selector
   ``model_node_label(...)`` so pods only land where the operator has seen the copy verified.
   The model's source is recorded in a pod annotation, so workers restart when it changes.
+- with ``checkpoints`` or ``data``: the node cache's children (``builders_cache``) and, in every
+  container, ``RINGSEED_CACHE_SOCKET`` and the cache's node paths (``builders_cache.worker_parts``).
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ import copy
 from typing import Any
 
 from ringseed.api import constants, types, validation
+from ringseed.operator import builders_cache, builders_md
 from ringseed.operator import builders_common as common
-from ringseed.operator import builders_md
 from ringseed.operator import config as config_module
 
 OWNER = constants.TG_KIND
@@ -62,6 +64,7 @@ def children(
         common.master_deployment(body=body, owner_kind=OWNER, role="coordinator", flags=flags, config=config),
         common.master_service(body=body, owner_kind=OWNER),
         worker_daemonset(body=body, spec=spec, config=config, model=model),
+        *builders_cache.children(body=body, spec=spec, config=config),
     ]
 
 
@@ -83,9 +86,10 @@ def worker_daemonset(
     }
     for drop in ("name", "namespace", "generateName"):
         meta.pop(drop, None)
-    mounts = [{"name": RUNTIME_VOLUME, "mountPath": constants.RUNTIME_DIR, "readOnly": True}]
-    env = _worker_env(body=body, spec=spec)
-    volumes = [{"name": RUNTIME_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}}]
+    cache_env, cache_mounts, cache_volumes = builders_cache.worker_parts(body=body, spec=spec, config=config)
+    mounts = [{"name": RUNTIME_VOLUME, "mountPath": constants.RUNTIME_DIR, "readOnly": True}, *cache_mounts]
+    env = [*_worker_env(body=body, spec=spec), *cache_env]
+    volumes = [{"name": RUNTIME_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}}, *cache_volumes]
     selector = {**pod.get("nodeSelector", {}), **spec.node_selector}
     if spec.model_ref is not None:
         model_path = f"{constants.MODEL_MOUNT_ROOT}/{spec.model_ref.name}"

@@ -22,14 +22,14 @@ from typing import Any
 import kopf
 
 from ringseed.api import constants, types, validation
-from ringseed.operator import builders, runtime, status
+from ringseed.operator import builders, builders_cache, caches, runtime, status
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 WORKLOAD = ("apps/v1", "DaemonSet", "worker")
 
 
-def parse(body: Mapping[str, Any]) -> types.TrainingGroupSpec:
-    return validation.parse_training_group(body.get("spec") or {}, name=body["metadata"]["name"])
+def parse(body: Mapping[str, Any], *, data_root: str | None = None) -> types.TrainingGroupSpec:
+    return validation.parse_training_group(body.get("spec") or {}, name=body["metadata"]["name"], data_root=data_root)
 
 
 async def model_of(
@@ -52,7 +52,7 @@ async def model_of(
 
 
 async def apply(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logger, fresh: bool = False) -> None:
-    spec = await runtime.parse_or_fail(rt, body=body, parse=lambda: parse(body))
+    spec = await runtime.parse_or_fail(rt, body=body, parse=lambda: parse(body, data_root=rt.config.data_root))
     model, waiting = await model_of(rt, body=body, spec=spec)
     previous = body.get("status") or {}
     generation = runtime.generation_of(body)
@@ -98,15 +98,19 @@ async def observe(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logge
     if previous.get("phase") in (None, "WaitingForModel", "Failed"):
         return  # the handler owns the status until the children exist
     try:
-        spec = parse(body)
+        spec = parse(body, data_root=rt.config.data_root)
     except validation.SpecError as exc:  # keep saying why (heals a racing write)
         await runtime.write_status(rt, body=body, new=runtime.invalid(body=body, error=exc))
         return
     reach = await runtime.read_master(rt, body=body)
-    await runtime.write_status(rt, body=body, new=tg_status(rt, reach=reach, body=body, spec=spec, waiting=None))
+    new = tg_status(rt, reach=reach, body=body, spec=spec, waiting=None)
+    if builders_cache.wanted(spec):
+        new.update(await caches.status_fields(rt, body=body))
+    await runtime.write_status(rt, body=body, new=new)
 
 
 async def delete(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logger) -> None:
     await runtime.delete_children(rt, body=body, workload=WORKLOAD)
+    await caches.delete_children(rt, body=body)
     namespace, name = runtime.ident(body)
     logger.info("Deleted the children of TrainingGroup %s/%s", namespace, name)

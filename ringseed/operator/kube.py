@@ -51,6 +51,9 @@ KINDS: dict[str, tuple[str, bool]] = {
     "ModelDistribution": ("modeldistributions", True),
     "TrainingGroup": ("traininggroups", True),
     "PodMonitor": ("podmonitors", True),
+    "ServiceAccount": ("serviceaccounts", True),
+    "Role": ("roles", True),
+    "RoleBinding": ("rolebindings", True),
 }
 
 MERGE_PATCH = "application/merge-patch+json"

@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from ringseed.api import constants
 from ringseed.operator import builders
 
 URL_TEMPLATE_ENV = "RINGSEED_MASTER_URL_TEMPLATE"
@@ -53,11 +54,16 @@ class Locator:
     def from_env(cls) -> Locator:
         return cls.from_text(os.environ.get(URL_TEMPLATE_ENV))
 
-    def url(self, *, namespace: str, name: str) -> str:
-        if f"{namespace}/{name}" in self.mapping:
-            return self.mapping[f"{namespace}/{name}"].rstrip("/")
+    def url(self, *, namespace: str, name: str, service: str | None = None) -> str:
+        """The master of ``namespace/name``, or with ``service`` the master behind that Service
+        (the cache master ``<name>-cache``); the template and mapping see ``service`` as the name."""
+        key = service or name
+        if f"{namespace}/{key}" in self.mapping:
+            return self.mapping[f"{namespace}/{key}"].rstrip("/")
         if self.template:
-            return self.template.format(namespace=namespace, name=name).rstrip("/")
+            return self.template.format(namespace=namespace, name=key).rstrip("/")
+        if service:
+            return f"http://{service}.{namespace}.svc:{constants.MASTER_PORT}"
         return builders.master_url(namespace=namespace, name=name).rstrip("/")
 
 

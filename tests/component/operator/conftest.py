@@ -40,6 +40,9 @@ BUILTINS = {
     "apps/v1/deployments": ("Deployment", True),
     "apps/v1/daemonsets": ("DaemonSet", True),
     "monitoring.coreos.com/v1/podmonitors": ("PodMonitor", True),
+    "v1/serviceaccounts": ("ServiceAccount", True),
+    "rbac.authorization.k8s.io/v1/roles": ("Role", True),
+    "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True),
 }
 
 

@@ -103,7 +103,9 @@ def test_printer_columns_show_what_kubectl_get_promises() -> None:
     assert columns(constants.MD_PLURAL) == [
         "Phase", "Ready", "Total", "Percent", "Throughput", "ETA", "Age", "Revision", "Source", "Message"
     ]  # fmt: skip
-    assert columns(constants.TG_PLURAL) == ["Phase", "Peers", "World", "Age"]
+    assert columns(constants.TG_PLURAL) == [
+        "Phase", "Peers", "World", "Checkpoint", "Copies", "Persisted", "Saved", "Cached", "Age"
+    ]  # fmt: skip
     wide = {
         c["name"]: (c["jsonPath"], c.get("priority", 0))
         for c in crd(constants.MD_PLURAL)["spec"]["versions"][0]["additionalPrinterColumns"]
@@ -232,6 +234,12 @@ OPERATOR_RBAC = {
     ("", "secrets"): {"get", "create", "delete"},
     ("", "nodes"): {"get", "list", "patch"},
     ("", "pods"): {"list"},
+    # the node cache of TrainingGroups: the cache master's identity (it may only use Leases, which
+    # the operator may grant only because it holds them itself)
+    ("", "serviceaccounts"): {"get", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch", "delete"},
+    ("coordination.k8s.io", "leases"): {"get", "create", "patch"},
 }
 
 

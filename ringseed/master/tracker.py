@@ -10,13 +10,15 @@ restarted master starts empty with a new ``epoch`` and agents re-register (they 
 Endpoints (bodies are JSON objects; chunk indices are ints in ``[0, MAX_INDEX]``, hashes
 lowercase hex SHA-256, node names 1-253 of ``[A-Za-z0-9._-]`` starting with a letter or digit):
 
-- ``POST /v1/register`` ``{node, url, session, chunks?: {index: hash}, layout?: Layout.to_dict()}``
-  -> ``{epoch, heartbeat_interval, offline_after, rejected: [index]}``
+- ``POST /v1/register`` ``{node, url, session, chunks?: {index: hash}, layout?: Layout.to_dict(),
+  revision?: Revision.to_dict()}`` -> ``{epoch, heartbeat_interval, offline_after, rejected: [index],
+  revision: id|null}`` (chunks of another revision than the tracker's are all rejected)
 - ``POST /v1/heartbeat`` ``{node, load?, counters?: {origin_bytes, fetched_bytes, uploaded_bytes},
   chunks?: [[index, hash|null, from?]], dropped?: [index], verified_digest?, hash_cursor?, epoch?,
   avail_version?, problem?: {reason, message}|null, revision?: str|null}``
   -> ``{epoch, origin_duty, hashes: {index: hash}, hash_cursor, availability: [int]|null,
-  avail_version, rejected, layout_known, pulling: [index], suspect: [index]}``.
+  avail_version, rejected, layout_known, pulling: [index], suspect: [index], revision: id|null,
+  revision_confirmed}``.
   ``chunks`` are batched announcements of verified chunks; a hash rides along only from the
   origin-duty node; ``from`` names the node the chunk was fetched (or streamed) from, null or
   absent when it came from the origin: it is the evidence that the node serves good chunks.
@@ -29,9 +31,14 @@ lowercase hex SHA-256, node names 1-253 of ``[A-Za-z0-9._-]`` starting with a le
   learned since ``hash_cursor``; ``availability`` is null when ``avail_version`` is current;
   ``pulling`` lists chunks being pulled from the origin now; ``suspect`` lists chunks of this
   node that other nodes reported bad: the tracker no longer lists it as their holder, and it
-  should check them (drop or announce again). A reply repeats them until then.
-- ``GET /v1/manifest`` -> ``{layout|null, chunk_hashes: [hash|null], digest|null, revision|null}``
-- ``PUT /v1/manifest`` ``{node, layout, chunk_hashes?, revision?}`` (first wins, later must match: 409)
+  should check them (drop or announce again). A reply repeats them until then. A node whose
+  ``revision`` is not the tracker's gets no hashes or availability and its chunks are ignored;
+  the reply's ``revision`` (the swarm's) tells it which revision to move to.
+- ``GET /v1/manifest`` -> ``{layout|null, chunk_hashes: [hash|null], digest|null,
+  revision: Revision.to_dict()|null, revision_confirmed}``
+- ``PUT /v1/manifest`` ``{node, layout, chunk_hashes?, revision?: Revision.to_dict(), replaces?: id}``
+  (first wins; the same revision from the node on origin duty confirms it; another revision
+  replaces the current one only from that node naming it in ``replaces``, else 409)
 - ``POST /v1/origin/claim`` ``{node, count}`` -> ``{chunks: [index]}`` (403 without origin duty)
 - ``GET /v1/peers?chunk=I&node=N`` -> ``{peers: [{name, url, load}], streaming: {name, url}|null}``
   (``streaming``: when nobody holds the chunk, the node pulling it, which serves ``?stream=1``)
@@ -53,7 +60,7 @@ from typing import Any, Literal
 from aiohttp import web as aioweb
 
 from ringseed import web
-from ringseed.protocol import manifest, tracker
+from ringseed.protocol import manifest, revision, tracker
 
 MAX_BODY_BYTES = 16 << 20
 MAX_INDEX = (1 << 31) - 1
@@ -205,6 +212,16 @@ def _problem(body: dict[str, Any]) -> tracker.Problem | Literal[tracker.Keep.KEE
     return tracker.Problem(reason=reason, message=folded)
 
 
+def _source(body: dict[str, Any]) -> revision.Revision | None:
+    """The ``revision`` object of a registration or publication (``Revision.to_dict()``), if any."""
+    raw = body.get("revision")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise web.problem(400, "bad_field", "field 'revision' must be a revision object {id, layout, tags, ...}")
+    return revision.Revision.from_dict(raw)
+
+
 def _revision(body: dict[str, Any]) -> str | Literal[tracker.Keep.KEEP] | None:
     if "revision" not in body:
         return tracker.KEEP
@@ -251,6 +268,9 @@ class _Api:
         body = await web.read_json(request)
         raw_layout = web.field_of(body, "layout", dict, required=False)
         layout = manifest.Layout.from_dict(raw_layout) if raw_layout is not None else None
+        source = _source(body)
+        if source is not None and layout is None:
+            layout = source.layout
         rejected = self.state.register(
             node=_name(body),
             url=str(web.text(body, "url", max_length=2048, pattern=URL, what="an http(s) URL")),
@@ -258,6 +278,7 @@ class _Api:
             now=time.monotonic(),
             chunks=_chunk_map(body.get("chunks", {})),
             layout=layout,
+            source=source,
         )
         return aioweb.json_response(
             {
@@ -265,6 +286,7 @@ class _Api:
                 "heartbeat_interval": self.heartbeat_interval,
                 "offline_after": self.state.offline_after,
                 "rejected": rejected,
+                "revision": self.state.revision,
             }
         )
 
@@ -298,6 +320,8 @@ class _Api:
                 "layout_known": reply.layout_known,
                 "pulling": reply.pulling,
                 "suspect": reply.suspect,
+                "revision": reply.revision,
+                "revision_confirmed": reply.revision_confirmed,
             }
         )
 
@@ -308,7 +332,8 @@ class _Api:
                 "layout": layout.to_dict() if layout is not None else None,
                 "chunk_hashes": list(self.state.hashes),
                 "digest": self.state.digest,
-                "revision": self.state.revision,
+                "revision": self.state.source.to_dict() if self.state.source is not None else None,
+                "revision_confirmed": self.state.confirmed,
             }
         )
 
@@ -316,9 +341,10 @@ class _Api:
         body = await web.read_json(request)
         layout = manifest.Layout.from_dict(web.field_of(body, "layout", dict))
         hashes = web.field_of(body, "chunk_hashes", list, required=False)
-        revision = web.text(body, "revision", max_length=128, pattern=REVISION, required=False, what="a revision id")
+        replaces = web.text(body, "replaces", max_length=128, pattern=REVISION, required=False, what="a revision id")
         node = _name(body)
-        self.state.publish(node=node, layout=layout, hashes=hashes, now=time.monotonic(), revision=revision)
+        now = time.monotonic()
+        self.state.publish(node=node, layout=layout, hashes=hashes, now=now, source=_source(body), replaces=replaces)
         return aioweb.json_response({"ok": True, "digest": self.state.digest})
 
     async def claim(self, request: aioweb.Request) -> aioweb.Response:

@@ -8,6 +8,9 @@ Rules:
 - Paths are relative, ``/``-separated, with no empty, ``.`` or ``..`` parts, no NUL, no
   backslash; a path may not be both a file and a directory (``a`` and ``a/b``); duplicates
   are rejected. Every rejection is a :class:`ManifestError` naming the path and the problem.
+- Names starting with ``.ringseed-`` (:data:`RESERVED_PREFIX`) at the top of the model are
+  reserved: the agent writes its completion marker (:data:`MARKER_NAME`) there, and a model
+  file of that name would collide with it.
 - Empty files are allowed (they take 0 bytes of the stream); an empty source (no files, or
   a total size of 0) is rejected.
 - ``mode`` keeps permission bits only (``0 <= mode <= 0o7777``).
@@ -31,6 +34,8 @@ MIN_CHUNK_SIZE = 1 << 20
 MAX_CHUNK_SIZE = 1 << 30
 DEFAULT_CHUNK_SIZE = 64 << 20
 FORMAT_VERSION = 1
+RESERVED_PREFIX = ".ringseed-"
+MARKER_NAME = ".ringseed-complete"
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -96,6 +101,11 @@ class ChunkPiece:
 
 def _check_entry(path: str, size: int, mode: int) -> None:
     validate_relpath(path)
+    if path.split("/", 1)[0].startswith(RESERVED_PREFIX):
+        raise ManifestError(
+            f"file path {path!r}: top-level names starting with {RESERVED_PREFIX!r} are reserved "
+            f"for ringseed (its marker {MARKER_NAME!r} sits next to the model files); rename it"
+        )
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise ManifestError(f"file {path!r}: size must be a non-negative integer, got {size!r}")
     if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:

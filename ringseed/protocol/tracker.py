@@ -9,8 +9,18 @@ Rules:
   ``offline_after`` seconds is purged by :meth:`Tracker.purge`: its holdings stop counting,
   its origin assignments are released and its origin duty moves to another online node.
   A purged node that comes back re-registers; its record starts afresh from what it announces.
-- The layout is published once (PUT by the agent on origin duty, or any agent that holds a
-  manifest); the first wins and later ones must match, else :class:`Conflict`.
+- Source revision (``ringseed.protocol.revision``): the tracker distributes one revision at a
+  time (``source``; ``revision`` is its id). The first one known (published by the agent on
+  origin duty, or restored from a registration after a master restart) is *unconfirmed* until
+  the agent on origin duty has taken the revision from the source and published it
+  (``publish``): no node counts as verified and no chunk is assigned for an origin pull before
+  that, so copies cached from an older source never pass as current. A publication of another
+  revision by a node on duty that names the current one (``replaces``) moves the swarm to it:
+  layout, hashes, holdings and assignments start afresh (nodes reuse their bytes by hash); any
+  other different layout is a :class:`Conflict`. Chunks announced or registered under another
+  revision than the node's current one are ignored (refused at registration), and a node on
+  another revision gets no hashes or availability: heartbeat replies carry ``revision`` so that
+  it moves over.
 - A chunk hash is learned from a published manifest, or from the node on origin duty that
   pulled the chunk (it hashes what it pulls). A hash claim from any other node is refused;
   a claim that differs from a known hash is refused. After a master restart (the tracker is
@@ -46,7 +56,8 @@ Rules:
 - Each node's latest blocking problem (reason, message) and source revision are kept as it
   last reported them (a heartbeat that leaves them out changes nothing).
 - Completion is derived from availability: a node is complete when it holds every chunk, and
-  verified when it reported a materialised model whose manifest digest matches.
+  verified when it also reported a materialised model of the current, confirmed revision whose
+  manifest digest matches.
 """
 
 from __future__ import annotations
@@ -58,6 +69,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ringseed.protocol import choice, manifest, tracker_view, trust
+from ringseed.protocol import revision as revisions  # (``Tracker.revision`` is the current id)
 
 MAX_CHUNKS = 1 << 21  # 2 TiB at the smallest chunk size, 128 TiB at the default
 
@@ -137,6 +149,8 @@ class HeartbeatReply:
     layout_known: bool
     pulling: list[int] = field(default_factory=list)
     suspect: list[int] = field(default_factory=list)
+    revision: str | None = None
+    revision_confirmed: bool = False
 
 
 class Tracker:
@@ -153,11 +167,13 @@ class Tracker:
         judge: trust.Trust | None = None,
     ) -> None:
         self.epoch = epoch
+        self.claim_grace = claim_grace
         self.claims_from = now + claim_grace
         self.offline_after = offline_after
         self.seeders = max(1, seeders)
         self.layout: manifest.Layout | None = None
-        self.revision: str | None = None
+        self.source: revisions.Revision | None = None
+        self.confirmed = False
         self.hashes: list[str | None] = []
         self.hash_log: list[int] = []
         self.holders: list[set[str]] = []
@@ -175,6 +191,11 @@ class Tracker:
 
     # -- layout and hashes -------------------------------------------------------------
 
+    @property
+    def revision(self) -> str | None:
+        """The id of the revision the swarm distributes (None until one is known)."""
+        return self.source.id if self.source is not None else None
+
     def publish(
         self,
         *,
@@ -182,15 +203,28 @@ class Tracker:
         layout: manifest.Layout,
         hashes: Sequence[str] | None,
         now: float,
-        revision: str | None = None,
+        source: revisions.Revision | None = None,
+        replaces: str | None = None,
     ) -> None:
-        """Set the layout (first wins, later must match) and, from a manifest, every hash."""
+        """Publish the revision ``node`` took from the source (``source``; default: ``layout``, no tags).
+
+        First wins; the same again confirms it (from a node on duty); another one replaces the
+        current revision only from a node on duty naming it in ``replaces``. From a manifest,
+        ``hashes`` sets every chunk hash.
+        """
         self._node(node, now)
+        new = source if source is not None else revisions.Revision(layout=layout)
+        if new.layout != layout:
+            raise Conflict("the revision's layout differs from the layout published with it")
         if self.layout is None and not any(s.have for s in self.nodes.values()):
             self.claims_from = min(self.claims_from, now)  # a fresh start: nothing to wait for
-        self._set_layout(layout)
-        if revision is not None and self.revision is None:
-            self.revision = revision
+        self._refresh_duty(now)
+        if self.source is not None and new.id != self.source.id:
+            self._replace(node=node, new=new, replaces=replaces, now=now)
+        else:
+            self._set_layout(layout, new)
+        if node in self.duty:
+            self.confirmed = True
         if hashes is None:
             return
         checked = manifest.Manifest(layout=layout, chunk_hashes=tuple(hashes)).chunk_hashes
@@ -200,7 +234,28 @@ class Tracker:
         for index, digest in enumerate(checked):
             self._learn_hash(index, digest)
 
-    def _set_layout(self, layout: manifest.Layout) -> None:
+    def _replace(self, *, node: str, new: revisions.Revision, replaces: str | None, now: float) -> None:
+        assert self.source is not None
+        if node not in self.duty:
+            raise Conflict(
+                f"a different revision is current; only the node on origin duty may replace it, not {node!r}"
+            )
+        if replaces != self.source.id:
+            raise Conflict(
+                f"revision {self.source.id[:16]} is current; a new revision must name it in 'replaces'"
+                f" (got {str(replaces)[:16]})"
+            )
+        if new.layout.chunk_count > MAX_CHUNKS:
+            raise TrackerError(f"layout has {new.layout.chunk_count} chunks, more than {MAX_CHUNKS}: use bigger chunks")
+        self.source, self.layout = None, None
+        for state in self.nodes.values():
+            state.have, state.have_bytes, state.verified_digest = set(), 0, None
+            state.suspect = set()
+        self.assigned = {}
+        self.claims_from = now + self.claim_grace  # nodes first reuse what they hold, by hash
+        self._set_layout(new.layout, new)
+
+    def _set_layout(self, layout: manifest.Layout, source: revisions.Revision | None = None) -> None:
         if self.layout is not None:
             if layout != self.layout:
                 raise Conflict("a different layout is already published for this model")
@@ -208,7 +263,11 @@ class Tracker:
         if layout.chunk_count > MAX_CHUNKS:
             raise TrackerError(f"layout has {layout.chunk_count} chunks, more than {MAX_CHUNKS}: use bigger chunks")
         self.layout = layout
+        self.source = source if source is not None else revisions.Revision(layout=layout)
+        self.confirmed = False
         self.hashes = [None] * layout.chunk_count
+        self.hash_log = []
+        self._digest = None
         self.holders = [set() for _ in range(layout.chunk_count)]
         self._avail = [0] * layout.chunk_count
         self._changed()
@@ -246,13 +305,19 @@ class Tracker:
         now: float,
         chunks: Mapping[int, str] | None = None,
         layout: manifest.Layout | None = None,
+        source: revisions.Revision | None = None,
     ) -> list[int]:
         """(Re-)register a node with the chunks it verified; returns the chunk indices refused.
 
-        What others said about the node (:mod:`ringseed.protocol.trust`) is keyed by its name
-        and survives re-registration."""
+        The node's revision (``source``, default ``layout`` without tags) becomes the tracker's
+        unconfirmed one if it has none; chunks of another revision are all refused. What others
+        said about the node (:mod:`ringseed.protocol.trust`) is keyed by its name and survives
+        re-registration."""
         if layout is not None:
-            self._set_layout(layout)
+            source = source if source is not None else revisions.Revision(layout=layout)
+            if self.layout is None:
+                self._set_layout(layout, source)
+        ours = source is None or source.id == self.revision
         old = self.nodes.get(node)
         if old is not None:
             self._drop(old, keep_counters=old.session == session)
@@ -260,6 +325,10 @@ class Tracker:
         self.nodes[node] = NodeState(name=node, url=url, session=session, registered_at=now, last_seen=now)
         if old is not None and old.session == session:
             self.nodes[node].origin_bytes = old.origin_bytes
+        self.nodes[node].revision = source.id if source is not None else None
+        if not ours:
+            self._refresh_duty(now)
+            return sorted(chunks or {})
         rejected = self._add_chunks(node, ((i, h) for i, h in (chunks or {}).items()), restoring=True, now=now)
         self._refresh_duty(now)
         return rejected
@@ -326,25 +395,33 @@ class Tracker:
         revision: str | Literal[Keep.KEEP] | None = KEEP,
     ) -> HeartbeatReply:
         """Record liveness, load, counters, dropped and new chunks, problem and revision; answer
-        with duty, hashes, availability, what is being pulled and which of its chunks to check."""
+        with duty, hashes, availability, what is being pulled and which of its chunks to check.
+
+        A node whose revision is not the tracker's (None: not known yet, taken as current) gets
+        no hashes or availability and its chunks are ignored: it must move to the current
+        revision (``HeartbeatReply.revision``) first."""
         state = self._node(node, now)
         state.load, state.handed = max(0, load), 0
-        state.verified_digest = verified_digest
         if problem is not KEEP:
             state.problem = problem
         if revision is not KEEP:
             state.revision = revision
+        ours = state.revision is None or self.revision is None or state.revision == self.revision
+        state.verified_digest = verified_digest if ours else None
         self._counters(state, counters or {}, now)
-        chunks = list(chunks)
-        for index in dropped:
-            self._remove_chunk(state, index)
-            state.suspect.discard(index)
-        rejected = self._add_chunks(node, chunks, restoring=False, now=now)
-        state.suspect.difference_update(item[0] for item in chunks)
+        rejected: list[int] = []
+        if ours:
+            chunks = list(chunks)
+            for index in dropped:
+                self._remove_chunk(state, index)
+                state.suspect.discard(index)
+            rejected = self._add_chunks(node, chunks, restoring=False, now=now)
+            state.suspect.difference_update(item[0] for item in chunks)
         self._refresh_duty(now)
         cursor = hash_cursor if epoch == self.epoch and 0 <= hash_cursor <= len(self.hash_log) else 0
-        new = {i: self.hashes[i] or "" for i in self.hash_log[cursor:]}
-        avail = None if avail_version == self.avail_version and epoch == self.epoch else self.availability()
+        new = {i: self.hashes[i] or "" for i in self.hash_log[cursor:]} if ours else {}
+        fresh = avail_version == self.avail_version and epoch == self.epoch
+        avail = None if fresh or not ours else self.availability()
         return HeartbeatReply(
             origin_duty=node in self.duty,
             hashes=new,
@@ -355,6 +432,8 @@ class Tracker:
             layout_known=self.layout is not None,
             pulling=sorted(self.assigned),
             suspect=sorted(state.suspect),
+            revision=self.revision,
+            revision_confirmed=self.confirmed,
         )
 
     def _counters(self, state: NodeState, counters: Mapping[str, int], now: float) -> None:
@@ -418,8 +497,8 @@ class Tracker:
         self._refresh_duty(now)
         if node not in self.duty:
             raise Forbidden(f"node {node!r} does not hold origin duty")
-        if self.layout is None or now < self.claims_from:
-            return []
+        if self.layout is None or now < self.claims_from or not self.confirmed:
+            return []  # (an unconfirmed revision may be stale: the duty holder takes it from the source first)
         avail = self.availability()
         mine = [i for i, n in sorted(self.assigned.items()) if n == node]
         for index in range(len(avail)):

@@ -5,9 +5,12 @@ Owns the status shape of the tracker role (docs/contracts.md, "Master status"). 
 
 Rules: ``complete`` comes from what the tracker knows a node holds (availability), ``verified``
 from the node's own report that it materialised a model whose manifest digest equals the
-tracker's. ``reason``/``message`` are the node's current blocking problem (null when it has
+tracker's, of the current revision, once that revision is confirmed from the source (a copy
+cached from an older source never counts) and while the node holds every chunk.
+``reason``/``message`` are the node's current blocking problem (null when it has
 none), ``revision`` the source revision of the copy it holds; the top-level ``revision`` is the
-one the swarm distributes and ``nodes_problem`` counts the nodes with a problem. ``penalised``
+one the swarm distributes (``revision_confirmed`` once the origin-duty node took it from the
+source) and ``nodes_problem`` counts the nodes with a problem. ``penalised``
 and ``discredited`` are the trust judgements (:mod:`ringseed.protocol.trust`). ``eta_seconds``
 is the bytes still missing on online nodes over their summed throughput (null while unknown,
 0 when nothing is missing). Departed (purged) nodes stay listed with ``online: false`` and count
@@ -26,11 +29,13 @@ def node_entry(tracker: Tracker, state: NodeState, *, online: bool) -> dict[str,
     """One node's line in the status."""
     total = tracker.layout.chunk_count if tracker.layout is not None else -1
     digest = tracker.digest
+    complete = len(state.have) == total
+    current = tracker.confirmed and state.revision in (None, tracker.revision)
     return {
         "chunks": len(state.have),
         "bytes": state.have_bytes,
-        "complete": len(state.have) == total,
-        "verified": digest is not None and state.verified_digest == digest,
+        "complete": complete,
+        "verified": complete and current and digest is not None and state.verified_digest == digest,
         "online": online,
         "throughput_bps": round(state.throughput, 1) if online else 0.0,
         "origin_duty": state.name in tracker.duty,
@@ -69,17 +74,9 @@ def status(tracker: Tracker, *, now: float) -> dict[str, Any]:
         "throughput_bps": round(throughput, 1),
         "eta_seconds": eta,
         "manifest_digest": tracker.digest,
-        "revision": revision(tracker),
+        "revision": tracker.revision,
+        "revision_confirmed": tracker.confirmed,
         "nodes_problem": sum(1 for e in nodes.values() if e["reason"] is not None),
         "origin_duty": list(tracker.duty),
         "nodes": nodes,
     }
-
-
-def revision(tracker: Tracker) -> str | None:
-    """The source revision the swarm distributes: the one published with the layout, else the one
-    the first origin-duty node reports."""
-    if tracker.revision is not None:
-        return tracker.revision
-    duty = tracker.nodes.get(tracker.duty[0]) if tracker.duty else None
-    return duty.revision if duty is not None else None

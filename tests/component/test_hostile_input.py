@@ -20,12 +20,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ringseed.master import coordinator, tracker
+from ringseed.protocol import manifest, revision
 from tests.component import served
 
 TOKEN = "t0ken"
 H = "ab" * 32
 LAYOUT = {"version": 1, "chunk_size": 1 << 20, "files": [{"path": "m.bin", "size": 5 << 20, "mode": 0o644}]}
 NODE = {"node": "node-a", "url": "http://127.0.0.1:1", "session": "s1"}
+SOURCE = revision.Revision(layout=manifest.Layout.from_dict(LAYOUT)).to_dict()
 
 # endpoint -> (method, path, a valid body, the field names a reason may name)
 TRACKER_CALLS: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -47,13 +49,18 @@ TRACKER_CALLS: dict[str, tuple[str, str, dict[str, Any]]] = {
             "revision": "r1",
         },
     ),
-    "manifest": ("PUT", "/v1/manifest", {"node": "node-a", "layout": LAYOUT, "chunk_hashes": [H] * 5, "revision": "r"}),
+    "manifest": (
+        "PUT",
+        "/v1/manifest",
+        {"node": "node-a", "layout": LAYOUT, "chunk_hashes": [H] * 5, "revision": SOURCE, "replaces": SOURCE["id"]},
+    ),
     "claim": ("POST", "/v1/origin/claim", {"node": "node-a", "count": 2}),
     "report": ("POST", "/v1/report", {"node": "node-a", "peer": "node-b", "chunk": 0}),
 }
 TRACKER_FIELDS = {
     "node", "url", "session", "chunks", "layout", "load", "counters", "dropped", "verified_digest", "hash_cursor",
     "epoch", "avail_version", "problem", "revision", "chunk_hashes", "count", "peer", "chunk", "reason", "message",
+    "replaces",
 }  # fmt: skip
 COORDINATOR_CALLS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "join": ("POST", "/v1/join", {"peer_id": "p0", "host": "127.0.0.1", "port": 9000, "wait": 0}),

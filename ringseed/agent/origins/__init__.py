@@ -29,6 +29,7 @@ from ringseed.protocol import manifest
 
 Origin = base.Origin
 OriginError = base.OriginError
+SourceChanged = base.SourceChanged
 RateLimiter = base.RateLimiter
 RetryPolicy = base.RetryPolicy
 

@@ -3,6 +3,10 @@
 Rules:
 - :class:`OriginError` is permanent: retrying will not help (missing file, 4xx, a path that
   leaves the root). Its message names the URI and the problem.
+- :class:`SourceChanged` (an OriginError) means a file no longer is the object that was listed
+  (``pin``): its size or identity changed (HTTP 412 on ``If-Match``, another ETag, another
+  ``mtime``/inode). Bytes read across such a change are never returned: the caller moves to a
+  new revision (``ringseed.protocol.revision``).
 - :class:`TransientError` is retried by the adapter with exponential backoff and jitter
   (:class:`RetryPolicy`); callers never see it, only an :class:`OriginError` once the retries
   are spent.
@@ -16,13 +20,29 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from ringseed.protocol import backoff
+
+_RNG = random.Random()
 
 
 class OriginError(Exception):
     """A permanent failure to read from an origin; names the URI and the problem."""
+
+
+class SourceChanged(OriginError):
+    """A file of the source is no longer the object the pinned revision listed."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+Pin = tuple[int, str]  # (size, tag) of one file as listed; tag "" when the source gives none
+Listing = list[tuple[str, int, int, str]]  # (relative path, size, mode, tag)
 
 
 class TransientError(Exception):
@@ -42,6 +62,14 @@ class Origin(Protocol):
 
     async def list_files(self) -> list[tuple[str, int, int]]:
         """``(relative path, size, mode)`` of every file, in any order."""
+        ...
+
+    async def listing(self) -> Listing:
+        """``(relative path, size, mode, tag)`` of every file: what a revision pins."""
+        ...
+
+    def pin(self, pins: Mapping[str, Pin]) -> None:
+        """From now on every read of a pinned path checks its size and tag (:class:`SourceChanged`)."""
         ...
 
     async def read(self, path: str, offset: int, length: int) -> bytes:
@@ -74,12 +102,8 @@ class RetryPolicy:
     max_delay: float = 10.0
 
     def delay(self, attempt: int, *, retry_after: float | None = None) -> float:
-        """Seconds to wait before retry number ``attempt`` (1-based)."""
-        backoff = min(self.max_delay, self.base_delay * float(2 ** (attempt - 1)))
-        jittered: float = backoff * random.uniform(0.5, 1.0)
-        if retry_after is not None:
-            jittered = max(jittered, min(retry_after, self.max_delay))
-        return jittered
+        """Seconds to wait before retry number ``attempt`` (1-based); see :func:`backoff.delay`."""
+        return backoff.delay(attempt, base=self.base_delay, cap=self.max_delay, rng=_RNG, retry_after=retry_after)
 
 
 class RateLimiter:

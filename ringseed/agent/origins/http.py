@@ -7,12 +7,16 @@ Rules:
 - A URL not ending in ``/`` is a single file named by its (decoded) basename; its size comes
   from HEAD.
 - Reads are ranged GETs with retries and resume (see ``httpclient``).
+- Identity (a revision's tag per file): an index entry's optional ``etag`` (the ETag the server
+  sends for that file), else a HEAD per file (a few at a time), else none. Pinned reads send
+  ``If-Match`` / ``If-Unmodified-Since`` and check size and ETag of every response.
 - A bearer token, if given as ``RINGSEED_HTTP_TOKEN`` in ``secret_env`` or the environment, is
   sent as ``Authorization: Bearer``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -25,9 +29,10 @@ from ringseed.protocol import manifest
 INDEX_NAME = "index.json"
 TOKEN_ENV = "RINGSEED_HTTP_TOKEN"
 _INDEX_LIMIT = 64 << 20
+_HEADS_AT_ONCE = 8
 
 
-def _index_entry(uri: str, i: int, item: Any) -> tuple[str, int, int]:
+def _index_entry(uri: str, i: int, item: Any) -> tuple[str, int, int, str | None]:
     if not isinstance(item, dict):
         raise base.OriginError(f"{uri}{INDEX_NAME}: files[{i}] is not an object")
     path, size, mode = item.get("path"), item.get("size"), item.get("mode", 0o644)
@@ -39,10 +44,13 @@ def _index_entry(uri: str, i: int, item: Any) -> tuple[str, int, int]:
         raise base.OriginError(f"{uri}{INDEX_NAME}: files[{i}] ({path!r}) needs a non-negative integer size")
     if isinstance(mode, bool) or not isinstance(mode, int):
         raise base.OriginError(f"{uri}{INDEX_NAME}: files[{i}] ({path!r}) has a non-integer mode")
-    return str(path), size, mode & 0o777
+    etag = item.get("etag")
+    if etag is not None and (not isinstance(etag, str) or not etag.isprintable() or len(etag) > 256):
+        raise base.OriginError(f"{uri}{INDEX_NAME}: files[{i}] ({path!r}) has an unusable etag {etag!r}")
+    return str(path), size, mode & 0o777, f"etag:{etag}" if etag else None
 
 
-def parse_index(uri: str, body: bytes) -> list[tuple[str, int, int]]:
+def parse_index(uri: str, body: bytes) -> list[tuple[str, int, int, str | None]]:
     """Entries of a directory's ``index.json``; OriginError naming the problem."""
     try:
         doc = json.loads(body)
@@ -71,14 +79,40 @@ class HTTPOrigin(httpclient.HTTPClient):
         super().__init__(uri=uri, limiter=limiter, policy=policy, read_timeout=read_timeout, headers=headers)
         self._is_dir = uri.endswith("/")
         self._name = unquote(urlsplit(uri).path.rsplit("/", 1)[-1])
+        self._pins: dict[str, base.Pin] = {}
         if not self._is_dir and not self._name:
             raise base.OriginError(f"{uri}: a single-file URL needs a file name")
 
     async def list_files(self) -> list[tuple[str, int, int]]:
         if self._is_dir:
             body = await self.get_small(self.uri + INDEX_NAME, limit=_INDEX_LIMIT)
-            return parse_index(self.uri, body)
+            return [(p, s, m) for p, s, m, _ in parse_index(self.uri, body)]
         return [(self._name, await self.head_size(self.uri), 0o644)]
+
+    async def listing(self) -> base.Listing:
+        if not self._is_dir:
+            size, tag = await self.head(self.uri)
+            return [(self._name, size, 0o644, tag)]
+        body = await self.get_small(self.uri + INDEX_NAME, limit=_INDEX_LIMIT)
+        gate = asyncio.Semaphore(_HEADS_AT_ONCE)
+
+        async def entry(path: str, size: int, mode: int, tag: str | None) -> tuple[str, int, int, str]:
+            if tag is not None:
+                return path, size, mode, tag
+            async with gate:
+                now, tag = await self.head(self.url_of(path))
+            if now != size:
+                raise base.SourceChanged(f"{self.uri}: {path!r} is {now} bytes, the index says {size}", path=path)
+            return path, size, mode, tag
+
+        return list(await asyncio.gather(*(entry(*item) for item in parse_index(self.uri, body))))
+
+    def pin(self, pins: Mapping[str, base.Pin]) -> None:
+        self._pins = dict(pins)
+
+    def _pin_of(self, path: str) -> tuple[str, base.Pin] | None:
+        pinned = self._pins.get(path)
+        return (path, pinned) if pinned is not None else None
 
     def url_of(self, path: str) -> str:
         """The URL that serves ``path`` of this file set."""
@@ -95,10 +129,13 @@ class HTTPOrigin(httpclient.HTTPClient):
     async def read(self, path: str, offset: int, length: int) -> bytes:
         if length == 0:
             return b""
-        return await self.get_range(self.url_of(path), offset=offset, length=length)
+        buf = bytearray(length)
+        await self.read_into(path, offset, memoryview(buf))
+        return bytes(buf)
 
     async def read_into(
         self, path: str, offset: int, view: memoryview, progress: Callable[[int], None] | None = None
     ) -> None:
         if len(view):
-            await self.get_range_into(self.url_of(path), offset=offset, view=view, progress=progress)
+            url = self.url_of(path)
+            await self.get_range_into(url, offset=offset, view=view, progress=progress, pin=self._pin_of(path))

@@ -10,6 +10,15 @@ Rules:
   range asked for.
 - A range read resumes from the last byte received: a reset after 3 MiB of 4 asks only for the
   missing 1 MiB. A retry that made progress does not use up the retry budget.
+- Pinned reads (``pin=(size, tag)``, a file of a listed revision): the request carries
+  ``If-Match`` (a strong ETag) or ``If-Unmodified-Since`` (a Last-Modified tag); a 412, a
+  response whose ETag/Last-Modified differs from the tag, or a file size (``Content-Range``
+  total) other than the pinned size raises :class:`~ringseed.agent.origins.base.SourceChanged`
+  before any of its bytes are kept. Tags are ``etag:<ETag>`` or ``lm:<Last-Modified>``
+  (:func:`tag_of`), from listings or HEAD. A web server may send a file that is being
+  rewritten in place as a mix of both versions under the old ETag, so after a pinned read a
+  HEAD checks the file is still the pinned version (``check_after_read``; S3 objects are
+  replaced atomically, so the S3 origin skips it).
 - ``bytes_read`` counts file data actually received by range reads (partial attempts included;
   listings and HEADs are not counted). ``retries`` counts retried attempts. Data passes the
   origin's rate limiter as it arrives.
@@ -27,7 +36,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import aiohttp
@@ -70,6 +79,43 @@ async def check_status(resp: aiohttp.ClientResponse, url: str) -> None:
     snippet = " ".join((await resp.content.read(300)).decode("utf-8", "replace").split())
     detail = f": {snippet}" if snippet else ""
     raise StatusError(f"{url}: HTTP {resp.status} {resp.reason}{detail}", status=resp.status)
+
+
+def tag_of(headers: Mapping[str, str]) -> str:
+    """A file's identity for a revision from response headers: its ETag, else its Last-Modified."""
+    etag = headers.get("ETag")
+    if etag:
+        return f"etag:{etag}"
+    modified = headers.get("Last-Modified")
+    return f"lm:{modified}" if modified else ""
+
+
+def conditions(tag: str) -> dict[str, str]:
+    """Request headers that make the server refuse (412) a read of another version of the file."""
+    if tag.startswith('etag:"'):  # strong ETags only: If-Match compares strongly, a weak one never matches
+        return {"If-Match": tag[len("etag:") :]}
+    if tag.startswith("lm:"):
+        return {"If-Unmodified-Since": tag[len("lm:") :]}
+    return {}
+
+
+def check_pin(resp: aiohttp.ClientResponse, *, url: str, path: str, pin: base.Pin, total: int | None) -> None:
+    """SourceChanged unless the response is of the pinned version of the file (size and tag)."""
+    size, tag = pin
+    if resp.status == 412:
+        raise base.SourceChanged(f"{url}: the file changed since it was listed (HTTP 412 on {tag})", path=path)
+    if total is not None and total != size:
+        raise base.SourceChanged(f"{url}: the file has {total} bytes now, {size} when it was listed", path=path)
+    now = tag_of(resp.headers)
+    kind = tag.partition(":")[0]
+    if tag and now.partition(":")[0] == kind and now != tag:
+        raise base.SourceChanged(f"{url}: the file changed since it was listed ({tag} -> {now})", path=path)
+
+
+def content_total(value: str | None) -> int | None:
+    """The complete length from a ``Content-Range`` header, if it states one."""
+    match = _CONTENT_RANGE.match(value or "")
+    return int(match.group(3)) if match is not None and match.group(3) != "*" else None
 
 
 def check_content_range(value: str | None, *, url: str, start: int, end: int) -> None:
@@ -118,6 +164,8 @@ class _Cursor:
 
 class HTTPClient:
     """An aiohttp session with retries, resume and a rate limit; the base of HTTP-speaking origins."""
+
+    check_after_read = True
 
     def __init__(
         self,
@@ -201,14 +249,18 @@ class HTTPClient:
 
     async def head_size(self, url: str) -> int:
         """The size of one file by HEAD (Content-Length), with retries."""
+        return (await self.head(url))[0]
 
-        async def attempt() -> int:
+    async def head(self, url: str) -> base.Pin:
+        """``(size, tag)`` of one file by HEAD (Content-Length, ETag or Last-Modified), with retries."""
+
+        async def attempt() -> base.Pin:
             async with self.request("HEAD", url) as resp:
                 await check_status(resp, url)
                 length = resp.headers.get("Content-Length")
                 if length is None or not length.isdigit():
                     raise base.OriginError(f"{url}: HEAD gave no usable Content-Length ({length!r})")
-                return int(length)
+                return int(length), tag_of(resp.headers)
 
         return await self.with_retries(url, attempt)
 
@@ -219,23 +271,32 @@ class HTTPClient:
         return bytes(buf)
 
     async def get_range_into(
-        self, url: str, *, offset: int, view: memoryview, progress: Callable[[int], None] | None = None
+        self,
+        url: str,
+        *,
+        offset: int,
+        view: memoryview,
+        progress: Callable[[int], None] | None = None,
+        pin: tuple[str, base.Pin] | None = None,
     ) -> None:
         """Fill ``view`` with the bytes from ``offset``, resuming after partial failures.
 
         ``progress(done)`` is called as bytes land: ``view[:done]`` is filled (never goes back).
+        ``pin``: ``(path, (size, tag))``, every attempt checks the file is still that version.
         """
         length = len(view)
         done = 0
         failures = 0
         while done < length:
             if self.ranges_ignored:
-                await self._stream_into(url, offset=offset + done, view=view[done:], reported=done, progress=progress)
-                return
+                await self._stream_into(
+                    url, offset=offset + done, view=view[done:], reported=done, progress=progress, pin=pin
+                )
+                break
             before = done
             try:
                 done = await self._range_attempt(
-                    url, start=offset, end=offset + length, view=view, done=done, progress=progress
+                    url, start=offset, end=offset + length, view=view, done=done, progress=progress, pin=pin
                 )
                 if done < length:
                     short = base.TransientError(f"{url}: body ended after {done - before} of {length - before} bytes")
@@ -248,14 +309,33 @@ class HTTPClient:
                 if not self.ranges_ignored:
                     log.warning("%s ignores Range requests; streaming whole objects in order instead", url)
                 self.ranges_ignored = True
+        if pin is not None and pin[1][1] and self.check_after_read:
+            size, tag = await self.head(url)
+            if (size, tag) != pin[1]:
+                raise base.SourceChanged(
+                    f"{url}: the file changed while it was read ({pin[1][1]} -> {tag})", path=pin[0]
+                )
 
     async def _range_attempt(
-        self, url: str, *, start: int, end: int, view: memoryview, done: int, progress: Callable[[int], None] | None
+        self,
+        url: str,
+        *,
+        start: int,
+        end: int,
+        view: memoryview,
+        done: int,
+        progress: Callable[[int], None] | None,
+        pin: tuple[str, base.Pin] | None = None,
     ) -> int:
         """One GET of ``[start + done, end)`` into ``view[done:]``; returns the new ``done``."""
         first = start + done
+        headers = {"Range": f"bytes={first}-{end - 1}", **(conditions(pin[1][1]) if pin else {})}
         try:
-            async with self.request("GET", url, {"Range": f"bytes={first}-{end - 1}"}) as resp:
+            async with self.request("GET", url, headers) as resp:
+                if pin is not None and resp.status in (200, 206, 412):
+                    total = content_total(resp.headers.get("Content-Range")) if resp.status == 206 else None
+                    total = resp.content_length if resp.status == 200 else total
+                    check_pin(resp, url=url, path=pin[0], pin=pin[1], total=total)
                 await check_status(resp, url)
                 if resp.status == 206:
                     check_content_range(resp.headers.get("Content-Range"), url=url, start=first, end=end)
@@ -280,7 +360,14 @@ class HTTPClient:
         return done
 
     async def _stream_into(
-        self, url: str, *, offset: int, view: memoryview, reported: int, progress: Callable[[int], None] | None
+        self,
+        url: str,
+        *,
+        offset: int,
+        view: memoryview,
+        reported: int,
+        progress: Callable[[int], None] | None,
+        pin: tuple[str, base.Pin] | None = None,
     ) -> None:
         """Fill ``view`` from ``offset`` of a whole-object stream (a server that ignores Range).
 
@@ -293,7 +380,7 @@ class HTTPClient:
                 before = done
                 try:
                     done = await self._stream_attempt(
-                        url, offset=offset, view=view, done=done, reported=reported, progress=progress
+                        url, offset=offset, view=view, done=done, reported=reported, progress=progress, pin=pin
                     )
                 except _RangeBroken as broken:
                     self._drop_cursor(url)
@@ -301,13 +388,15 @@ class HTTPClient:
                     failures = 1 if done > before else failures + 1
                     await self._wait(failures, broken.cause, url)
 
-    async def _open_cursor(self, url: str, *, at: int) -> _Cursor:
+    async def _open_cursor(self, url: str, *, at: int, pin: tuple[str, base.Pin] | None = None) -> _Cursor:
         cursor = self._cursors.get(url)
         if cursor is not None and cursor.pos <= at:
             return cursor
         self._drop_cursor(url)
-        resp = await self._send("GET", url)
+        resp = await self._send("GET", url, conditions(pin[1][1]) if pin else None)
         try:
+            if pin is not None and resp.status in (200, 412):
+                check_pin(resp, url=url, path=pin[0], pin=pin[1], total=resp.content_length)
             await check_status(resp, url)
         except BaseException:
             resp.release()
@@ -329,10 +418,11 @@ class HTTPClient:
         done: int,
         reported: int,
         progress: Callable[[int], None] | None,
+        pin: tuple[str, base.Pin] | None = None,
     ) -> int:
         """Skip the open stream to ``offset + done`` and read into ``view[done:]``; returns the new ``done``."""
         try:
-            cursor = await self._open_cursor(url, at=offset + done)
+            cursor = await self._open_cursor(url, at=offset + done, pin=pin)
             if cursor.size is not None and cursor.size < offset + len(view):
                 raise base.OriginError(f"{url}: file has {cursor.size} bytes, the read needs {offset + len(view)}")
             while cursor.pos < offset + done:

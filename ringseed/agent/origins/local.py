@@ -15,6 +15,10 @@ Rules:
   folder (``models--org--name``, also ``datasets--``/``spaces--``); links leaving it are still
   rejected. Files keep their names in the snapshot (``config.json``, not the blob hash).
 - Modes keep the permission bits (``st_mode & 0o777``) of the file (the link's target).
+- A file's tag (its identity for a revision) is ``<mtime_ns>:<inode>`` of the target: an
+  in-place write changes the mtime, a write + rename the inode. A read of a pinned path checks
+  size and tag with ``fstat`` on the open file before and after the bytes are read, so bytes
+  from a file changed meanwhile raise :class:`base.SourceChanged` instead of being returned.
 - Reads run in a worker thread (``os.pread``) and pass through the origin's rate limit.
 """
 
@@ -23,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -31,6 +35,11 @@ from ringseed.agent.origins import base
 from ringseed.protocol import manifest
 
 _READ_STEP = 4 << 20
+
+
+def tag_of(st: os.stat_result) -> str:
+    """A file's identity for a revision: ``<mtime_ns>:<inode>``."""
+    return f"{st.st_mtime_ns}:{st.st_ino}"
 
 
 def path_of(uri: str) -> Path:
@@ -70,20 +79,27 @@ class FileOrigin:
             raise base.OriginError(f"{uri}: cannot be resolved ({exc})") from exc
         hub = None if self._single else hub_repo_folder(self._root)
         self._allowed = hub if hub is not None else self._root  # where links may point
+        self._pins: dict[str, base.Pin] = {}
 
     async def list_files(self) -> list[tuple[str, int, int]]:
+        return [(p, s, m) for p, s, m, _ in await self.listing()]
+
+    async def listing(self) -> base.Listing:
         return await asyncio.to_thread(self._list_sync)
 
-    def _list_sync(self) -> list[tuple[str, int, int]]:
+    def pin(self, pins: Mapping[str, base.Pin]) -> None:
+        self._pins = dict(pins)
+
+    def _list_sync(self) -> base.Listing:
         if not self._given.exists() and not self._given.is_symlink():
             raise base.OriginError(f"{self.uri}: no such file or directory")
         if self._single:
             target = self._check(self._given, self._given.name)
             st = target.stat()
-            return [(self._given.name, st.st_size, stat.S_IMODE(st.st_mode) & 0o777)]
+            return [(self._given.name, st.st_size, stat.S_IMODE(st.st_mode) & 0o777, tag_of(st))]
         if not self._given.is_dir():
             raise base.OriginError(f"{self.uri}: is neither a regular file nor a directory")
-        out: list[tuple[str, int, int]] = []
+        out: base.Listing = []
         for dirpath, dirnames, filenames in os.walk(self._given, followlinks=False):
             for name in sorted(dirnames):
                 if os.path.islink(os.path.join(dirpath, name)):
@@ -93,7 +109,7 @@ class FileOrigin:
                 full = Path(dirpath, name)
                 rel = full.relative_to(self._given).as_posix()
                 st = self._check(full, rel).stat()
-                out.append((rel, st.st_size, stat.S_IMODE(st.st_mode) & 0o777))
+                out.append((rel, st.st_size, stat.S_IMODE(st.st_mode) & 0o777, tag_of(st)))
         return out
 
     def _check(self, full: Path, rel: str) -> Path:
@@ -134,6 +150,7 @@ class FileOrigin:
         done = 0
         fd = await asyncio.to_thread(os.open, target, os.O_RDONLY)
         try:
+            self._check_pin(path, fd)
             while done < len(view):
                 step = view[done : done + _READ_STEP]
                 got = await asyncio.to_thread(os.preadv, fd, [step], offset + done)
@@ -146,8 +163,23 @@ class FileOrigin:
                 if progress is not None:
                     progress(done)
                 await self._limiter.acquire(got)
+            self._check_pin(path, fd)
         finally:
             os.close(fd)
+
+    def _check_pin(self, path: str, fd: int) -> None:
+        """SourceChanged unless the open file still has the pinned size and tag."""
+        pinned = self._pins.get(path)
+        if pinned is None:
+            return
+        st = os.fstat(fd)
+        size, tag = pinned
+        if st.st_size != size or (tag and tag_of(st) != tag):
+            raise base.SourceChanged(
+                f"{self.uri}: {path!r} changed since it was listed (size {size} -> {st.st_size}, "
+                f"identity {tag or '?'} -> {tag_of(st)})",
+                path=path,
+            )
 
     async def close(self) -> None:
         return None

@@ -13,6 +13,8 @@ Rules:
 - A custom endpoint uses path-style addressing (``endpoint/bucket/key``); AWS itself uses
   virtual-hosted style (path style for bucket names with dots).
 - Every attempt is signed afresh with botocore's S3 SigV4 (the Range header included).
+- Identity (a revision's tag per object) is its ETag from ListObjectsV2 (or HEAD for one
+  object); pinned reads send ``If-Match`` and check size and ETag (``httpclient``).
 """
 
 from __future__ import annotations
@@ -55,20 +57,23 @@ def _strip_ns(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
 
 
-def parse_list_page(uri: str, body: bytes) -> tuple[list[tuple[str, int]], str | None]:
-    """``([(key, size)], next continuation token or None)`` of a ListObjectsV2 (encoding-type=url) page."""
+def parse_list_page(uri: str, body: bytes) -> tuple[list[tuple[str, int, str]], str | None]:
+    """``([(key, size, tag)], next continuation token or None)`` of a ListObjectsV2 (encoding-type=url) page."""
     try:
         root = ET.fromstring(body)
     except ET.ParseError as exc:
         raise base.OriginError(f"{uri}: ListObjectsV2 answer is not XML: {exc}") from exc
-    objects: list[tuple[str, int]] = []
+    objects: list[tuple[str, int, str]] = []
     token: str | None = None
     truncated = False
     for child in root:
         tag = _strip_ns(child.tag)
         if tag == "Contents":
             fields = {_strip_ns(f.tag): f.text or "" for f in child}
-            objects.append((unquote_plus(fields.get("Key", "")), int(fields.get("Size", "0"))))
+            etag = fields.get("ETag", "")
+            objects.append(
+                (unquote_plus(fields.get("Key", "")), int(fields.get("Size", "0")), f"etag:{etag}" if etag else "")
+            )
         elif tag == "IsTruncated":
             truncated = (child.text or "").strip() == "true"
         elif tag == "NextContinuationToken":
@@ -80,6 +85,7 @@ class S3Origin(httpclient.HTTPClient):
     """Objects under a prefix (or one object) in an S3-compatible store."""
 
     list_page_size = 1000  # ListObjectsV2 max-keys; tests lower it to exercise pagination
+    check_after_read = False  # a PUT replaces an object atomically: a GET never mixes two versions
 
     def __init__(
         self,
@@ -106,6 +112,7 @@ class S3Origin(httpclient.HTTPClient):
         self._chain: Any = None
         self._single: str | None = None  # the key, when the URI names one object
         self._resolved = False
+        self._pins: dict[str, base.Pin] = {}
 
     @staticmethod
     def _static_credentials(env: Mapping[str, str]) -> Credentials | None:
@@ -159,8 +166,8 @@ class S3Origin(httpclient.HTTPClient):
     def _dir_prefix(self) -> str:
         return self.prefix if not self.prefix or self.prefix.endswith("/") else self.prefix + "/"
 
-    async def _list_objects(self) -> list[tuple[str, int]]:
-        objects: list[tuple[str, int]] = []
+    async def _list_objects(self) -> list[tuple[str, int, str]]:
+        objects: list[tuple[str, int, str]] = []
         token: str | None = None
         while True:
             params = {
@@ -178,8 +185,14 @@ class S3Origin(httpclient.HTTPClient):
                 return objects
 
     async def list_files(self) -> list[tuple[str, int, int]]:
+        return [(p, s, m) for p, s, m, _ in await self.listing()]
+
+    def pin(self, pins: Mapping[str, base.Pin]) -> None:
+        self._pins = dict(pins)
+
+    async def listing(self) -> base.Listing:
         try:
-            return await self._list_files()
+            return await self._listing()
         except httpclient.StatusError as exc:
             if exc.status in (401, 403) and await self._credentials() is None:
                 raise base.OriginError(
@@ -188,13 +201,13 @@ class S3Origin(httpclient.HTTPClient):
                 ) from exc
             raise
 
-    async def _list_files(self) -> list[tuple[str, int, int]]:
+    async def _listing(self) -> base.Listing:
         await self._resolve()
         if self._single is not None:
-            size = await self.head_size(self._object_url(self._single))
-            return [(self._single.rsplit("/", 1)[-1], size, 0o644)]
-        out: list[tuple[str, int, int]] = []
-        for key, size in await self._list_objects():
+            size, tag = await self.head(self._object_url(self._single))
+            return [(self._single.rsplit("/", 1)[-1], size, 0o644, tag)]
+        out: base.Listing = []
+        for key, size, tag in await self._list_objects():
             rel = key[len(self._dir_prefix) :]
             if rel.endswith("/") and size == 0:
                 continue
@@ -202,7 +215,7 @@ class S3Origin(httpclient.HTTPClient):
                 manifest.validate_relpath(rel)
             except manifest.ManifestError as exc:
                 raise base.OriginError(f"{self.uri}: object key {key!r} is unusable: {exc}") from exc
-            out.append((rel, size, 0o644))
+            out.append((rel, size, 0o644, tag))
         return out
 
     async def _key_of(self, path: str) -> str:
@@ -217,14 +230,15 @@ class S3Origin(httpclient.HTTPClient):
             raise base.OriginError(f"{self.uri}: {exc}") from exc
 
     async def read(self, path: str, offset: int, length: int) -> bytes:
-        key = await self._key_of(path)
-        if length == 0:
-            return b""
-        return await self.get_range(self._object_url(key), offset=offset, length=length)
+        buf = bytearray(length)
+        await self.read_into(path, offset, memoryview(buf))
+        return bytes(buf)
 
     async def read_into(
         self, path: str, offset: int, view: memoryview, progress: Callable[[int], None] | None = None
     ) -> None:
         key = await self._key_of(path)
         if len(view):
-            await self.get_range_into(self._object_url(key), offset=offset, view=view, progress=progress)
+            pinned = self._pins.get(path)
+            pin = (path, pinned) if pinned is not None else None
+            await self.get_range_into(self._object_url(key), offset=offset, view=view, progress=progress, pin=pin)

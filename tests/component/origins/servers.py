@@ -6,7 +6,9 @@
   A fault script (``faults``, a FIFO of :class:`Fault`) is consumed one fault per GET of file data
   (HEAD and ``index.json`` are spared unless ``fault_index=True``). ``requests`` logs every
   request as ``(method, path, range header)``; ``injected`` lists the faults used; ``bytes_sent``
-  counts body bytes written.
+  counts body bytes written. Files carry a strong ``ETag`` (mtime and size, like nginx) and a
+  ``Last-Modified``; ``If-Match`` / ``If-Unmodified-Since`` are honoured with 412 unless
+  ``conditional=False`` (a server that ignores them); ``etags=False`` sends neither header.
 
   Use it as an async context manager (``async with FlakyHTTPOrigin(root) as srv: srv.url``) in
   async tests, or ``with srv.in_thread() as url:`` to run it on its own loop in a background
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import email.utils
 import enum
 import hashlib
 import http.server
@@ -35,7 +38,7 @@ import socket
 import stat
 import struct
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +67,18 @@ def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     return start, end
 
 
+def _http_date(seconds: float) -> str:
+    return email.utils.formatdate(seconds, usegmt=True)
+
+
+def _precondition_failed(request: web.Request, validators: Mapping[str, str]) -> bool:
+    match = request.headers.get("If-Match")
+    if match is not None and match != validators.get("ETag"):
+        return True
+    since = request.headers.get("If-Unmodified-Since")
+    return since is not None and since != validators.get("Last-Modified")
+
+
 def _index_of(root: Path) -> bytes:
     files = []
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
@@ -76,9 +91,19 @@ class FlakyHTTPOrigin:
     """An HTTP file server over ``root`` that misbehaves on cue (see module docstring)."""
 
     def __init__(
-        self, root: Path, *, faults: Iterable[Fault] = (), fault_index: bool = False, stall_seconds: float = 10.0
+        self,
+        root: Path,
+        *,
+        faults: Iterable[Fault] = (),
+        fault_index: bool = False,
+        stall_seconds: float = 10.0,
+        etags: bool = True,
+        conditional: bool = True,
     ) -> None:
+        self.after_get: Callable[[str], None] | None = None  # called with the path after a file's GET body
         self.root = Path(root)
+        self.etags = etags
+        self.conditional = conditional
         self.stall_seconds = stall_seconds
         self.faults: collections.deque[Fault] = collections.deque(faults)
         self.fault_index = fault_index
@@ -146,8 +171,14 @@ class FlakyHTTPOrigin:
         if request.method not in ("GET", "HEAD"):
             return web.Response(status=405)
         full = self._file(rel)
+        validators: dict[str, str] = {}
         if full is not None:
+            st = full.stat()
             body = full.read_bytes()
+            if self.etags:
+                validators = {"ETag": f'"{st.st_mtime_ns:x}-{st.st_size:x}"', "Last-Modified": _http_date(st.st_mtime)}
+            if self.conditional and _precondition_failed(request, validators):
+                return web.Response(status=412, headers=validators)
         elif rel == "index.json":
             body = _index_of(self.root)
         else:
@@ -156,9 +187,11 @@ class FlakyHTTPOrigin:
         fault = self.faults.popleft() if fault_applies and self.faults else None
         if fault is not None:
             self.injected.append(fault)
-        return await self._respond(request, body, fault)
+        return await self._respond(request, body, fault, validators)
 
-    async def _respond(self, request: web.Request, body: bytes, fault: Fault | None) -> web.StreamResponse:
+    async def _respond(
+        self, request: web.Request, body: bytes, fault: Fault | None, validators: Mapping[str, str]
+    ) -> web.StreamResponse:
         if fault in (Fault.ERROR_500, Fault.ERROR_503, Fault.TOO_MANY):
             status = int(fault.value) if fault is not None else 500
             return web.Response(status=status, text="injected fault", headers={"Retry-After": "0"})
@@ -168,7 +201,7 @@ class FlakyHTTPOrigin:
             return web.Response(status=416, headers={"Content-Range": f"bytes */{len(body)}"})
         if fault is Fault.SHORT_RANGE:
             end = start + max(1, (end - start) // 2)
-        headers = {"Accept-Ranges": "bytes", "Content-Length": str(end - start)}
+        headers = {"Accept-Ranges": "bytes", "Content-Length": str(end - start), **validators}
         status = 200
         if span is not None:
             status = 206
@@ -183,6 +216,8 @@ class FlakyHTTPOrigin:
         await resp.write(data)
         self.bytes_sent += len(data)
         await resp.write_eof()
+        if self.after_get is not None and validators:
+            self.after_get(request.match_info["path"])
         return resp
 
     async def _break(

@@ -1,32 +1,32 @@
 """The node agent (distribution role): joins the swarm, fetches, verifies, stores, serves, publishes.
 
-Owns the agent's state and its life cycle; the work is split over :mod:`ringseed.agent.fetch`
-(peer downloads, rarest first), :mod:`ringseed.agent.seeder` (origin duty),
-:mod:`ringseed.agent.store` (SSD tier, journal, materialiser), :mod:`ringseed.agent.cache`
-(memory tier) and :mod:`ringseed.agent.server` (peer server).
+Owns the agent's state, its life cycle and its conversation with the tracker; the work is split
+over :mod:`~ringseed.agent.revisions` (which source revision this node holds, moving to a new
+one and reusing what still matches), :mod:`~ringseed.agent.chunks` (holding verified chunks,
+write-behind, drops, the disk budget), :mod:`~ringseed.agent.fetch` (peer downloads, rarest
+first), :mod:`~ringseed.agent.seeder` (origin duty), :mod:`~ringseed.agent.atrest` (checks of
+what is on disk, repair, publishing), :mod:`~ringseed.agent.store` (SSD tier),
+:mod:`~ringseed.agent.cache` (memory tier) and :mod:`~ringseed.agent.server` (peer server).
 
 Rules:
 - Nothing unverified is written, announced or served: a chunk enters ``held`` only after its
   SHA-256 matched the known hash (from a manifest or the origin-duty agent), or, on origin
-  duty, after this agent hashed what it pulled (that hash is then published).
-- Start: the staging directory's layout and journal (a previous run) are offered to the tracker
-  at registration, so a restarted agent resumes without fetching verified chunks again.
-- The layout comes from the tracker; if none is published and this agent holds origin duty,
-  it lists the origin (or fetches ``--manifest-uri``) and publishes it.
-- A sync loop heartbeats every ``heartbeat_interval`` (sooner when there is news) with load,
-  counters, the batch of new chunks (each naming the peer it came from: the tracker's evidence
-  that the peer serves good chunks) and the chunks dropped since, and learns duty, hashes and
-  availability. A chunk the tracker calls ``suspect`` (peers reported our copy bad) is dropped
-  and fetched again. A 404 ``unknown_node`` (master restarted or purged us) means register again
-  with everything held.
-- A verified chunk is held (pinned in the memory tier, announced, served from memory) at once;
-  its disk write runs behind it, a bounded number at a time. Its journal line is queued only
-  after the write finished; a failed write drops the chunk (fetched again). Materialising waits
-  for every pending write.
-- When every chunk is held: make the writes durable, materialise atomically under
-  ``<data-dir>/<namespace>/<name>/`` and report the manifest digest; keep serving peers. With an
-  expected digest (``RINGSEED_EXPECTED_DIGEST``, the resource's ``source.digest``) a model whose
-  digest differs is never published (logged as an error; the node never reports verified).
+  duty, after this agent hashed what it pulled under the pinned revision (that hash is then
+  published).
+- Every chunk belongs to one source revision (``revision``). The agent follows the tracker's:
+  a heartbeat or registration naming another one makes it move (:mod:`revisions`), and work
+  started under the previous one (a fetch, a pull, a write) is discarded when it ends
+  (``generation``). Heartbeats carry the agent's revision, its current problem
+  (:mod:`problems`, null when fine), the new chunks (each naming the peer it came from: the
+  tracker's evidence that the peer serves good chunks) and the chunks dropped since. A chunk the
+  tracker calls ``suspect`` (peers reported our copy bad) is checked at once (``atrest``):
+  dropped and fetched again if it rotted, announced again if it is sound.
+- Start: the staging directory is locked (one agent per model and node); leftovers of killed
+  publishes are removed; a previous run's revision and journal are offered to the tracker at
+  registration, and the published copy is re-checked against what was recorded at publish.
+- A 404 ``unknown_node`` (master restarted or purged us) means register again with everything held.
+- Retries are bounded and back off (``ringseed.protocol.backoff``): the tracker while it is
+  unreachable, chunks that fail, origin reads that fail; a lasting failure is a named problem.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,12 +44,25 @@ import aiohttp
 from aiohttp import web as aioweb
 
 from ringseed import web
-from ringseed.agent import cache, fetch, origins, seeder, server, store, stream, tracker_client
-from ringseed.protocol import manifest
+from ringseed.agent import (
+    atrest,
+    cache,
+    chunks,
+    fetch,
+    origins,
+    problems,
+    publish,
+    revisions,
+    seeder,
+    server,
+    store,
+    stream,
+    tracker_client,
+)
+from ringseed.protocol import backoff, manifest, revision
 
 log = logging.getLogger(__name__)
 MAX_ANNOUNCE = 4096
-MAX_PENDING_WRITES = 8  # write-behind chunks in flight (also bounded by the memory budget)
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,7 @@ class Config:
     manifest_uri: str | None = None
     chunk_size: int = manifest.DEFAULT_CHUNK_SIZE
     memory_bytes: int = 256 << 20
+    ssd_bytes: int | None = None
     origin_rate_limit: float | None = None
     host: str = "0.0.0.0"
     download_slots: int = 4
@@ -74,6 +89,9 @@ class Config:
     origin_upload_slots: int = 1
     stream_slots: int = 8
     expected_digest: str | None = None
+    scrub_rate: float = 16 << 20  # bytes/s re-hashed from disk while idle (0: off)
+    scrub_after: float = 60.0  # seconds after publishing before the background check starts
+    verify_on_start: bool = False
 
 
 class Agent:
@@ -82,45 +100,73 @@ class Agent:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.session_id = secrets.token_hex(8)
-        self.store = store.Store(config.cache_dir / config.namespace / config.name)
+        self.store = store.Store(config.cache_dir / config.namespace / config.name, budget=config.ssd_bytes)
         self.memory = cache.MemoryTier(config.memory_bytes)
         self.model_dir = config.data_dir / config.namespace / config.name
-        self.layout: manifest.Layout | None = None
+        # the copy this node holds: its revision, verified chunks, known hashes
+        self.revision: revision.Revision | None = None
+        self.generation = 0
         self.held: dict[int, str] = {}
         self.hashes: dict[int, str] = {}
         self.missing: set[int] = set()
+        self.candidates: set[int] = set()  # bytes kept from another revision, to check by hash
+        self.prior: store.Prior | None = None
+        self.prior_checked: set[int] = set()  # chunks of ``prior`` re-hashed fine (origin duty proofs)
         self.availability: list[int] = []
+        # what the tracker said
         self.sync_state: dict[str, Any] = {"epoch": None, "hash_cursor": 0, "avail_version": -1}
+        self.tracker_revision: str | None = None
+        self.tracker_confirmed = False
         self.origin_duty = False
         self.pulling: set[int] = set()  # chunks the origin-duty agent is pulling now (streamable there)
+        # origin duty
         self.inflight: dict[int, stream.Inflight] = {}  # ours, on origin duty
+        self.origin: origins.Origin | None = None
+        self.source_changed = asyncio.Event()  # on duty: take the revision from the source again
+        # serving and counters
         self.active_uploads = 0
         self.active_streams = 0
         self.uploaded_bytes = 0
         self.fetched_bytes = 0
         self.origin_bytes = 0
         self.resumed_chunks = 0
+        self.reused_chunks = 0
         self.streamed_chunks = 0  # verified chunks received by cut-through from the origin puller
         self.rejected_chunks = 0  # chunks received with a wrong hash (served or streamed)
+        # announcements and writes
         self.announce: list[tuple[int, str | None, str | None]] = []  # (index, hash on duty, from whom)
-        self.dropped: list[int] = []  # chunks no longer held, to tell the tracker
+        self.dropped: list[int] = []  # to announce
+        self.store_drops: list[int] = []  # to journal
         self.uncommitted: list[tuple[int, str]] = []
         self.pending_writes: dict[int, asyncio.Task[None]] = {}
         self.write_failures = 0
+        self.writes_paused = False
+        self.write_backoff: backoff.Backoff[str] = backoff.Backoff(base=1.0, cap=30.0)
+        # publishing and checks at rest
         self.verified_digest: str | None = None
+        self.must_republish = False
+        self.check = atrest.CheckState()
+        self.problems = problems.Problems()
         self.heartbeat_interval = 1.0
         self.avoid: dict[str, float] = {}
+        self.unreachable_in_a_row = 0
         self.url = ""
-        self.origin: origins.Origin | None = None
         self.metrics = web.Metrics()
         self.changed = asyncio.Event()
         self.news = asyncio.Event()
+        self.revision_news = asyncio.Event()
+        self.hashes_news = asyncio.Event()
         self.tracker: tracker_client.TrackerClient
         self.http: aiohttp.ClientSession
+
+    @property
+    def layout(self) -> manifest.Layout | None:
+        return self.revision.layout if self.revision is not None else None
 
     # -- life cycle ----------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        await asyncio.to_thread(self._prepare)
         runner = await self._serve()
         try:
             async with aiohttp.ClientSession() as http:
@@ -134,12 +180,22 @@ class Agent:
             await seeder.close_origin(self)
             self.store.close()
 
+    def _prepare(self) -> None:
+        """Lock the staging directory and remove what killed publishes left."""
+        self.store.acquire()
+        for path in publish.remove_leftovers(self.model_dir):
+            log.info("Removed %s (left by an interrupted publish)", path)
+
     async def _work(self, stop: asyncio.Event) -> None:
-        saved = self.store.saved_layout()
+        saved = self.store.saved_revision()
         if saved is not None:
-            await self._adopt(saved, hashes=None)
+            await revisions.adopt(self, saved, hashes=None)
+            await atrest.check_published(self)
+        if self.config.verify_on_start:
+            atrest.start_verify(self)
         await self._register_until_done(stop)
-        loops = [self._sync_loop(), self._layout_loop(), self._commit_loop(), self._finish()]
+        loops = [self._sync_loop(), revisions.revision_loop(self), revisions.reuse_loop(self)]
+        loops += [chunks.commit_loop(self), chunks.disk_loop(self), atrest.publish_loop(self), atrest.scrub_loop(self)]
         loops += [fetch.download_loop(self), seeder.origin_loop(self)]
         tasks = [asyncio.create_task(c) for c in loops]
         stopper = asyncio.create_task(stop.wait())
@@ -153,8 +209,10 @@ class Agent:
             for task in [*tasks, stopper]:
                 task.cancel()
             await asyncio.gather(*tasks, stopper, return_exceptions=True)
-            await self._drain_writes()
-            await asyncio.to_thread(self.store.commit, self._take_uncommitted())
+            await atrest.stop_verify(self)
+            await chunks.drain_writes(self)
+            if self.revision is not None:
+                await asyncio.to_thread(self.store.commit, chunks.take_uncommitted(self))
 
     async def _serve(self) -> aioweb.AppRunner:
         self._declare_metrics()
@@ -165,6 +223,7 @@ class Agent:
             max_streams=self.config.stream_slots,
             metrics=self.metrics,
             refresh_metrics=self._refresh_metrics,
+            control=self,
         )
         runner = aioweb.AppRunner(app, access_log=None)
         await runner.setup()
@@ -184,80 +243,34 @@ class Agent:
     # -- tracker membership ----------------------------------------------------------------
 
     async def _register_until_done(self, stop: asyncio.Event) -> None:
+        waits: backoff.Backoff[str] = backoff.Backoff(base=0.2, cap=5.0)
         while not stop.is_set():
             try:
                 await self._register()
                 return
             except tracker_client.Unavailable as exc:
                 log.info("Tracker not reachable yet: %s", exc)
-                await asyncio.sleep(0.5)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), waits.failed("tracker", now=time.monotonic()))
 
     async def _register(self) -> None:
-        layout = self.layout.to_dict() if self.layout is not None else None
-        try:
-            reply = await self.tracker.register(
-                url=self.url, session=self.session_id, chunks=dict(self.held), layout=layout
-            )
-        except tracker_client.Refused as exc:
-            if exc.status != 409:
-                raise
-            log.warning("Tracker has a different layout; discarding local staging: %s", exc)
-            await self._drain_writes()
-            self._forget_layout()
-            reply = await self.tracker.register(url=self.url, session=self.session_id, chunks={}, layout=None)
+        rev = self.revision
+        reply = await self.tracker.register(
+            url=self.url,
+            session=self.session_id,
+            chunks=dict(self.held) if rev is not None else {},
+            layout=rev.layout.to_dict() if rev is not None else None,
+            revision=rev.to_dict() if rev is not None else None,
+        )
         self.heartbeat_interval = float(reply.get("heartbeat_interval", 1.0))
         self.sync_state = {"epoch": reply.get("epoch"), "hash_cursor": 0, "avail_version": -1}
         self.announce.clear()
-        self.dropped.clear()  # the registration listed exactly what we hold
-        for index in reply.get("rejected", []):
-            self._unhold(int(index))
-
-    def _forget_layout(self) -> None:
-        self.layout, self.held, self.hashes, self.missing = None, {}, {}, set()
-
-    def _unhold(self, index: int) -> None:
-        if self.held.pop(index, None) is not None:
-            self.hashes.pop(index, None)
-            self.missing.add(index)
-            self.memory.discard(index)
-            self.announce = [a for a in self.announce if a[0] != index]
-            self.dropped.append(index)
-            self.news.set()
-
-    async def _adopt(self, layout: manifest.Layout, *, hashes: list[Any] | None) -> None:
-        verified = await asyncio.to_thread(self.store.open, layout)
-        # Hashes that heartbeats brought while the manifest was fetched or the store opened are
-        # kept: the tracker sends each hash once (after our cursor), so dropping one would leave
-        # its chunk unfetchable for good.
-        learned = {i: h for i, h in self.hashes.items() if 0 <= i < layout.chunk_count}
-        self.layout = layout
-        self.held = dict(verified)
-        self.hashes = dict(verified)
-        for index, digest in enumerate(hashes or []):
-            if isinstance(digest, str):
-                self.hashes.setdefault(index, digest)
-        for index, digest in learned.items():
-            self.hashes.setdefault(index, digest)
-        self.held = {i: h for i, h in self.held.items() if self.hashes[i] == h}
-        self.missing = set(range(layout.chunk_count)) - set(self.held)
-        self.resumed_chunks = len(self.held)
-        self.changed.set()
-        log.info("Adopted layout: %d chunks, %d verified from an earlier run", layout.chunk_count, len(self.held))
-
-    async def _layout_loop(self) -> None:
-        while self.layout is None:
-            try:
-                published = await self.tracker.get_manifest()
-                if published.get("layout") is not None:
-                    layout = manifest.Layout.from_dict(published["layout"])
-                    await self._adopt(layout, hashes=published.get("chunk_hashes"))
-                    return
-                if self.origin_duty:
-                    await seeder.publish_layout(self)
-                    continue
-            except tracker_client.TrackerClientError as exc:
-                log.info("Waiting for the layout: %s", exc)
-            await asyncio.sleep(self.heartbeat_interval / 2)
+        self.dropped.clear()
+        self.tracker_revision = reply.get("revision")
+        if rev is not None and self.tracker_revision == rev.id:
+            for index in reply.get("rejected", []):
+                chunks.unhold(self, int(index))
+        self.revision_news.set()
 
     # -- heartbeats ------------------------------------------------------------------------
 
@@ -281,45 +294,59 @@ class Agent:
 
     async def _heartbeat(self) -> None:
         # Taken out before the call: a chunk dropped meanwhile leaves the announcements still to
-        # send (``_unhold``), and the tracker applies ``dropped`` before ``chunks``.
+        # send (``chunks.drop``), and the tracker applies ``dropped`` before ``chunks``.
         batch, self.announce = self.announce[:MAX_ANNOUNCE], self.announce[MAX_ANNOUNCE:]
-        dropped, self.dropped = self.dropped[:MAX_ANNOUNCE], self.dropped[MAX_ANNOUNCE:]
+        drops, self.dropped = self.dropped[:MAX_ANNOUNCE], self.dropped[MAX_ANNOUNCE:]
+        generation = self.generation
         body = dict(
             self.sync_state,
             load=self.active_uploads,
             counters=self.counters(),
             chunks=[list(a) for a in batch],
-            dropped=dropped,
+            dropped=drops,
             verified_digest=self.verified_digest,
+            revision=self.revision.id if self.revision is not None else None,
+            problem=self.problems.current(),
         )
         try:
             reply = await self.tracker.heartbeat(body)
         except BaseException:
-            self.announce[:0] = [a for a in batch if a[0] in self.held]
-            self.dropped[:0] = dropped
+            if generation == self.generation:
+                self.announce[:0] = [a for a in batch if a[0] in self.held]
+                self.dropped[:0] = drops
             raise
         if self.announce or self.dropped:
             self.news.set()
+        if generation != self.generation:  # moved to another revision meanwhile: this reply is stale
+            self.news.set()
+            return
         self._absorb(reply)
 
     def _absorb(self, reply: dict[str, Any]) -> None:
         self.origin_duty = bool(reply.get("origin_duty"))
         self.sync_state["epoch"] = reply.get("epoch")
+        self.tracker_revision = reply.get("revision")
+        self.tracker_confirmed = bool(reply.get("revision_confirmed"))
+        ours = self.revision is not None and self.tracker_revision == self.revision.id
+        if not ours or (self.origin_duty and not self.tracker_confirmed):
+            self.revision_news.set()
+        if not ours:
+            return
         self.sync_state["hash_cursor"] = int(reply.get("hash_cursor", 0))
         self.sync_state["avail_version"] = int(reply.get("avail_version", -1))
         for key, digest in reply.get("hashes", {}).items():
+            self.hashes_news.set()
             index = int(key)
             if self.held.get(index, digest) != digest:
                 log.warning("Chunk %d held here does not match the tracker's hash; fetching again", index)
-                self._unhold(index)
+                chunks.drop(self, index)
             self.hashes[index] = digest
         if reply.get("availability") is not None:
             self.availability = [int(n) for n in reply["availability"]]
         self.pulling = {int(i) for i in reply.get("pulling", [])}
-        for index in reply.get("suspect", []):  # other nodes got bad bytes of it from us
-            if int(index) in self.held:
-                log.warning("Peers reported chunk %d from here as corrupt; dropping it to fetch it again", index)
-                self._unhold(int(index))
+        suspect = [int(i) for i in reply.get("suspect", [])]  # other nodes got bad bytes of these from us
+        if suspect:
+            atrest.start_recheck(self, suspect)
         self.changed.set()
 
     def counters(self) -> dict[str, int]:
@@ -329,99 +356,28 @@ class Agent:
             "uploaded_bytes": self.uploaded_bytes,
         }
 
-    # -- chunks ------------------------------------------------------------------------------
+    # -- control (agent HTTP API) ----------------------------------------------------------
 
-    async def accept(
-        self, index: int, data: bytes | bytearray, *, digest: str, from_origin: bool, source: str | None = None
-    ) -> bool:
-        """Hold a verified chunk: pinned in memory, announced at once, written to disk behind it.
+    def status(self) -> dict[str, Any]:
+        """``GET /v1/status`` on the agent: this node's copy, problem and checks."""
+        return {
+            "node": self.config.node_name,
+            "revision": self.revision.id if self.revision is not None else None,
+            "tracker_revision": self.tracker_revision,
+            "chunks_total": self.layout.chunk_count if self.layout is not None else 0,
+            "chunks_held": len(self.held),
+            "verified_digest": self.verified_digest,
+            "problem": self.problems.current(),
+            "problems": self.problems.all(),
+            "origin_duty": self.origin_duty,
+            "writes_paused": self.writes_paused,
+            "reused_chunks": self.reused_chunks,
+            "check": self.check.to_dict(),
+        }
 
-        ``source`` names the peer the bytes came from: the announcement carries it, as evidence
-        for the tracker that the peer serves good chunks.
-
-        False if already held. The journal line is queued only when the write has finished (and
-        :meth:`store.Store.commit` syncs the data before journaling it). At most
-        ``memory budget // chunk`` writes are in flight (back-pressure on the caller); a chunk too
-        big for the memory tier is written before it counts as held, as before.
-        """
-        if index in self.held or self.layout is None:
-            return False
-        limit = min(MAX_PENDING_WRITES, self.memory.budget // max(1, len(data)))
-        if limit < 1:
-            await asyncio.to_thread(self.store.write_chunk, index, data)
-            if index in self.held:
-                return False
-            self._hold(index, data, digest=digest, from_origin=from_origin, source=source)
-            self.uncommitted.append((index, digest))
-            return True
-        while len(self.pending_writes) >= limit:
-            await asyncio.wait(set(self.pending_writes.values()), return_when=asyncio.FIRST_COMPLETED)
-        if index in self.held or index in self.pending_writes or self.layout is None:
-            return False
-        self.memory.put(index, data, pin=True)
-        self._hold(index, data, digest=digest, from_origin=from_origin, source=source)
-        self.pending_writes[index] = asyncio.create_task(self._write_behind(index, data, digest))
-        return True
-
-    def _hold(self, index: int, data: bytes | bytearray, *, digest: str, from_origin: bool, source: str | None) -> None:
-        self.held[index] = digest
-        self.hashes.setdefault(index, digest)
-        self.missing.discard(index)
-        if index not in self.memory.pinned:
-            self.memory.put(index, data)
-        self.announce.append((index, digest if from_origin else None, source))
-        self.news.set()
-        self.changed.set()
-
-    async def _write_behind(self, index: int, data: bytes | bytearray, digest: str) -> None:
-        try:
-            await asyncio.to_thread(self.store.write_chunk, index, data)
-        except Exception:
-            log.exception("Writing chunk %d to staging failed; dropping it and fetching it again", index)
-            self.write_failures += 1
-            self._unhold(index)
-            self.changed.set()
-            return
-        finally:
-            self.memory.unpin(index)
-            self.pending_writes.pop(index, None)
-        if self.held.get(index) == digest:  # still ours (not dropped on a hash mismatch meanwhile)
-            self.uncommitted.append((index, digest))
-            self.changed.set()
-
-    async def _drain_writes(self) -> None:
-        """Wait until every write-behind has finished (done or failed)."""
-        while self.pending_writes:
-            await asyncio.wait(set(self.pending_writes.values()))
-
-    def _take_uncommitted(self) -> list[tuple[int, str]]:
-        entries, self.uncommitted = self.uncommitted, []
-        return entries
-
-    async def _commit_loop(self) -> None:
-        while True:
-            await asyncio.sleep(0.2)
-            if self.uncommitted:
-                await asyncio.to_thread(self.store.commit, self._take_uncommitted())
-
-    async def _finish(self) -> None:
-        while True:
-            while self.layout is None or self.missing or len(self.hashes) < self.layout.chunk_count:
-                await self.changed.wait()
-                await asyncio.sleep(0.05)
-            await self._drain_writes()
-            if not self.missing:  # a failed write puts its chunk back in ``missing``
-                break
-        hashes = tuple(self.hashes[i] for i in range(self.layout.chunk_count))
-        digest = manifest.Manifest(layout=self.layout, chunk_hashes=hashes).digest
-        await asyncio.to_thread(self.store.commit, self._take_uncommitted())
-        if self.config.expected_digest and digest != self.config.expected_digest:
-            log.error("Model digest %s is not the expected %s; not publishing it", digest, self.config.expected_digest)
-            return
-        await asyncio.to_thread(self.store.materialise, model_dir=self.model_dir, digest=digest)
-        self.verified_digest = digest
-        self.news.set()
-        log.info("Model complete and verified at %s (digest %s)", self.model_dir, digest[:16])
+    def start_verify(self) -> bool:
+        """``POST /v1/verify``: hash every held chunk from disk now (False if one is running)."""
+        return atrest.start_verify(self)
 
     # -- metrics -------------------------------------------------------------------------------
 
@@ -437,6 +393,8 @@ class Agent:
         m.declare("agent_complete", "gauge", "1 when the model is materialised and verified")
         m.declare("agent_chunks_streamed", "counter", "verified chunks streamed from the origin puller")
         m.declare("agent_chunks_rejected", "counter", "chunks received with a wrong hash (served or streamed)")
+        m.declare("agent_chunks_dropped", "counter", "chunks dropped after they were held (rot, write failure)")
+        m.declare("agent_problem", "gauge", "1 while the node has the problem named by reason")
 
     def _refresh_metrics(self) -> None:
         m = self.metrics
@@ -450,3 +408,6 @@ class Agent:
         m.set("agent_complete", 1 if self.verified_digest else 0)
         m.set("agent_chunks_streamed", self.streamed_chunks)
         m.set("agent_chunks_rejected", self.rejected_chunks)
+        m.set("agent_chunks_dropped", self.check.dropped)
+        for reason in problems.SEVERITY:
+            m.set("agent_problem", 1 if self.problems.active(reason) else 0, reason=reason)

@@ -58,5 +58,10 @@ class MemoryTier:
         if old is not None:
             self.used -= len(old)
 
+    def clear(self) -> None:
+        self._chunks.clear()
+        self.pinned.clear()
+        self.used = 0
+
     def __len__(self) -> int:
         return len(self._chunks)

@@ -3,14 +3,21 @@
 Owns the agent's command line (docs/contracts.md, "Command lines the operator builds") and its
 environment fallbacks (``RINGSEED_MASTER_URL``, ``RINGSEED_NODE_NAME``, ``RINGSEED_ADVERTISE_HOST``,
 ``RINGSEED_TOKEN``); ``RINGSEED_EXPECTED_DIGEST`` (optional) is the manifest digest the model
-must have to be published.
-SIGTERM and SIGINT stop the agent cleanly (journal flushed).
+must have to be published. SIGTERM and SIGINT stop the agent cleanly (journal flushed).
+
+Names from outside are checked by argparse like every other value (one line naming the option,
+exit 2): ``--model-name`` is ``NAMESPACE/NAME`` with Kubernetes names (so it can never leave
+``--data-dir`` or collide with the agent's own ``.NAME.tmp-*`` directories), ``--node-name``
+(also from ``RINGSEED_NODE_NAME``) is 1-253 letters, digits, ``.``, ``_`` or ``-``; the expected
+digest is a SHA-256 (``sha256:`` prefix allowed). A second agent for the same model on the same
+node is refused (exit 1: the staging directory is locked).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import sys
 from typing import Any
@@ -25,6 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--node-name",
+        type=node_name,
         default=env("RINGSEED_NODE_NAME") or socket.gethostname(),
         help="this node's name in the swarm (env RINGSEED_NODE_NAME, else the host name)",
     )
@@ -41,10 +49,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk-size", type=cmdline.chunk_size, default="64Mi", help="chunk size, 1Mi to 1Gi")
     parser.add_argument("--data-dir", default="/var/lib/ringseed/models", help="root of the published models")
     parser.add_argument("--cache-dir", default="/var/lib/ringseed/cache", help="staging and journal root")
-    parser.add_argument("--model-name", required=True, help="NAMESPACE/NAME")
+    parser.add_argument("--model-name", type=model_name, required=True, help="NAMESPACE/NAME")
     parser.add_argument("--memory-bytes", type=cmdline.positive_size, default="256Mi", help="memory tier budget")
     parser.add_argument(
-        "--ssd-bytes", type=cmdline.positive_size, default=None, help="SSD tier budget (accepted; not enforced yet)"
+        "--ssd-bytes",
+        type=cmdline.positive_size,
+        default=None,
+        help="SSD tier budget: staging never allocates more (DiskFull pauses fetching until there is room)",
+    )
+    parser.add_argument(
+        "--scrub-rate", type=cmdline.size, default="16Mi", help="bytes/s re-hashed from disk in the background (0: off)"
+    )
+    parser.add_argument(
+        "--scrub-after", type=cmdline.positive_seconds, default=60.0, help="seconds after publishing before scrubbing"
+    )
+    parser.add_argument(
+        "--verify-on-start", action="store_true", help="hash every staged chunk from disk at start (bad ones refetched)"
     )
     parser.add_argument(
         "--origin-rate-limit",
@@ -73,6 +93,43 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_NODE = re.compile(r"[A-Za-z0-9._-]{1,253}")
+_DIGEST = re.compile(r"(sha256:)?([0-9a-f]{64})")
+
+
+def model_name(text: str) -> tuple[str, str]:
+    """``(namespace, name)`` of ``NAMESPACE/NAME``, both Kubernetes names."""
+    from ringseed.api import validation
+
+    namespace, slash, name = text.partition("/")
+    if not slash or "/" in name:
+        raise argparse.ArgumentTypeError(f"{text!r} must be NAMESPACE/NAME")
+    if not _NAMESPACE.fullmatch(namespace):
+        raise argparse.ArgumentTypeError(f"{text!r}: {namespace!r} is not a Kubernetes namespace name")
+    try:
+        validation.check_name(name)
+    except validation.SpecError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc.problem}") from exc
+    return namespace, name
+
+
+def node_name(text: str) -> str:
+    if not _NODE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1-253 letters, digits, '.', '_' or '-'")
+    return text
+
+
+def expected_digest(text: str | None) -> str | None:
+    """The manifest digest the model must have (hex), from ``RINGSEED_EXPECTED_DIGEST``."""
+    if not text:
+        return None
+    match = _DIGEST.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"RINGSEED_EXPECTED_DIGEST {text!r} is not a SHA-256 (64 lowercase hex, 'sha256:' allowed)")
+    return match.group(2)
+
+
 def _config(args: argparse.Namespace, *, token: str, namespace: str, name: str) -> Any:
     from pathlib import Path
 
@@ -95,13 +152,17 @@ def _config(args: argparse.Namespace, *, token: str, namespace: str, name: str) 
         namespace=namespace,
         name=name,
         memory_bytes=units.parse_size(args.memory_bytes),
+        ssd_bytes=args.ssd_bytes,
         origin_rate_limit=float(rate) if rate else None,
         download_slots=args.download_slots,
         upload_slots=args.upload_slots,
         origin_depth=args.origin_depth,
         origin_upload_slots=args.origin_upload_slots,
         stream_slots=args.stream_slots,
-        expected_digest=os.environ.get("RINGSEED_EXPECTED_DIGEST") or None,
+        expected_digest=expected_digest(os.environ.get("RINGSEED_EXPECTED_DIGEST")),
+        scrub_rate=float(args.scrub_rate),
+        scrub_after=float(args.scrub_after),
+        verify_on_start=bool(args.verify_on_start),
     )
 
 
@@ -109,24 +170,28 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
-    from ringseed.agent import agent
+    from ringseed.agent import agent, store
 
     try:
         token = cmdline.read_token(args.token_file)
     except ValueError as exc:
         print(f"ringseed agent: {exc}", file=sys.stderr)
         return 2
-    namespace, _, name = str(args.model_name).partition("/")
+    namespace, name = args.model_name
     problems = [
         "no token (use --token-file or RINGSEED_TOKEN)" if token is None else "",
         "no master URL (use --master-url or RINGSEED_MASTER_URL)" if not args.master_url else "",
-        "--model-name must be NAMESPACE/NAME" if not namespace or not name or "/" in name else "",
     ]
+    config = None
+    try:
+        if token is not None:
+            config = _config(args, token=token, namespace=namespace, name=name)
+    except ValueError as exc:
+        problems.append(str(exc))
     for problem in filter(None, problems):
         print(f"ringseed agent: {problem}", file=sys.stderr)
-    if any(problems) or token is None:
+    if any(problems) or config is None:
         return 2
-    config = _config(args, token=token, namespace=namespace, name=name)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -135,5 +200,9 @@ def run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         await agent.Agent(config).run(stop)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except store.Busy as exc:
+        print(f"ringseed agent: {exc}", file=sys.stderr)
+        return 1
     return 0

@@ -7,8 +7,14 @@ Rules:
   duplicates (:func:`ringseed.protocol.choice.endgame`) are capped by ``ENDGAME_REQUESTS``, now 1
   (off): on the testbed a second request for the last chunk took an upload slot another node
   needed and split the holder's uplink, so the tail got longer (N=16: 30.3 s -> 28.1 s without).
-- A busy or failed chunk is retried after ``RETRY_AFTER_S`` (jittered), short so that a copy that
-  just appeared is used at once.
+- A busy or failed chunk backs off per chunk (``ringseed.protocol.backoff``: ``RETRY_AFTER_S``
+  doubling up to ``RETRY_CAP_S``, jittered); a chunk whose availability grows (a copy just
+  appeared) is tried again at once. After ``UNREACHABLE_PROBLEM_AFTER`` fetches in a row failed
+  while holders are listed, the node reports ``PeerUnreachable`` until a fetch succeeds.
+- Nothing new starts while staging is full (``writes_paused``), and candidates (bytes kept from
+  another revision, checked by hash in ``revisions``) are not fetched.
+- Requests name the revision (``?revision=``): a peer on another revision answers 409 and is
+  not blamed; a chunk received after this node moved to another revision is discarded.
 - Holders come from the tracker, least loaded first; a busy holder (429), an unreachable one
   or a 404 makes us try the next. An unreachable peer is avoided for a few seconds.
 - Every received chunk is checked (length and SHA-256) before it is stored, announced or
@@ -35,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from ringseed.agent import tracker_client
-from ringseed.protocol import choice, manifest
+from ringseed.agent import chunks, problems, tracker_client
+from ringseed.protocol import backoff, choice, manifest
 
 if TYPE_CHECKING:
     from ringseed.agent.agent import Agent
@@ -44,23 +50,45 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 UNREACHABLE_AVOID_S = 5.0
 RETRY_AFTER_S = 0.1
+RETRY_CAP_S = 2.0
+UNREACHABLE_PROBLEM_AFTER = 20
 ENDGAME_REQUESTS = 1  # outstanding requests per chunk in the end game (1: no duplicates)
 MAX_STREAMS = 1  # chunks streamed from the origin puller at once
 STREAM_RETRY_S = 0.5
 HASH_WAIT_S = 30.0
 
 
+class _Retries:
+    """Per-chunk back-off of peer fetches; a chunk whose availability grew is ready at once."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.backoff: backoff.Backoff[int] = backoff.Backoff(base=RETRY_AFTER_S, cap=RETRY_CAP_S, rng=rng)
+        self.seen: list[int] = []
+        self.generation = -1
+
+    def renew(self, agent: Agent) -> None:
+        if agent.generation != self.generation:
+            self.backoff.clear()
+            self.seen, self.generation = [], agent.generation
+        if agent.availability is not self.seen:
+            for index, (before, now) in enumerate(zip(self.seen, agent.availability, strict=False)):
+                if now > before:
+                    self.backoff.reset(index)
+            self.seen = agent.availability
+
+
 async def download_loop(agent: Agent) -> None:
     rng = random.Random()
     tasks: dict[int, set[asyncio.Task[bool]]] = {}
-    retry_at: dict[int, float] = {}
+    retries = _Retries(rng)
     stream_retry_at: dict[int, float] = {}
     while True:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(agent.changed.wait(), timeout=0.2)
         agent.changed.clear()
-        _reap(agent, tasks, retry_at)
-        if agent.layout is None or not agent.missing:
+        retries.renew(agent)
+        _reap(agent, tasks, retries)
+        if agent.layout is None or not agent.missing or agent.writes_paused:
             continue
         in_flight = {i: len(ts) for i, ts in tasks.items()}
         free = agent.config.download_slots - sum(in_flight.values())
@@ -69,12 +97,13 @@ async def download_loop(agent: Agent) -> None:
             stream_retry_at[index] = now + STREAM_RETRY_S * (0.5 + random.random())
             _launch(agent, tasks, index, stream_chunk(agent, index))
             free -= 1
-        candidates = [i for i in agent.missing if i in agent.hashes and i not in tasks and retry_at.get(i, 0) <= now]
-        picks = choice.rarest_first(candidates=candidates, availability=agent.availability, count=free, rng=rng)
+        wanted = agent.missing - agent.candidates
+        ready = [i for i in wanted if i in agent.hashes and i not in tasks and retries.backoff.ready(i, now=now)]
+        picks = choice.rarest_first(candidates=ready, availability=agent.availability, count=free, rng=rng)
         if not picks:
             in_flight = {i: len(ts) for i, ts in tasks.items()}
             picks = choice.endgame(
-                missing=agent.missing, in_flight=in_flight, free_slots=free, max_duplicates=ENDGAME_REQUESTS
+                missing=wanted, in_flight=in_flight, free_slots=free, max_duplicates=ENDGAME_REQUESTS
             )
         for index in picks:
             _launch(agent, tasks, index, fetch_chunk(agent, index))
@@ -97,8 +126,8 @@ def _stream_picks(
     ready = [
         i
         for i in sorted(agent.pulling)
-        if i in agent.missing and i not in tasks and i not in agent.inflight and not _available(agent, i)
-        and retry_at.get(i, 0) <= now
+        if i in agent.missing and i not in agent.candidates and i not in tasks and i not in agent.inflight
+        and not _available(agent, i) and retry_at.get(i, 0) <= now
     ]  # fmt: skip
     return ready[:room]
 
@@ -107,7 +136,7 @@ def _available(agent: Agent, index: int) -> bool:
     return index < len(agent.availability) and agent.availability[index] > 0
 
 
-def _reap(agent: Agent, tasks: dict[int, set[asyncio.Task[bool]]], retry_at: dict[int, float]) -> None:
+def _reap(agent: Agent, tasks: dict[int, set[asyncio.Task[bool]]], retries: _Retries) -> None:
     for index in list(tasks):
         running = {t for t in tasks[index] if not t.done()}
         finished = tasks[index] - running
@@ -116,8 +145,9 @@ def _reap(agent: Agent, tasks: dict[int, set[asyncio.Task[bool]]], retry_at: dic
             for task in running:
                 task.cancel()
             running = set()
+            retries.backoff.succeeded(index)
         elif finished and failed and not running:
-            retry_at[index] = time.monotonic() + RETRY_AFTER_S * (0.5 + random.random())
+            retries.backoff.failed(index, now=time.monotonic())
         for task in finished:
             if not task.cancelled() and task.exception() is not None:
                 log.warning("Fetch of chunk %d failed: %r", index, task.exception())
@@ -127,43 +157,64 @@ def _reap(agent: Agent, tasks: dict[int, set[asyncio.Task[bool]]], retry_at: dic
             del tasks[index]
 
 
+def _reached(agent: Agent, holder: choice.Holder, *, ok: bool) -> None:
+    """Count peers that could not be reached in a row; ``PeerUnreachable`` past a bound."""
+    if ok:
+        agent.unreachable_in_a_row = 0
+        agent.problems.clear(problems.PEER_UNREACHABLE)
+        return
+    agent.unreachable_in_a_row += 1
+    agent.avoid[holder.name] = max(agent.avoid.get(holder.name, 0.0), time.monotonic() + UNREACHABLE_AVOID_S)
+    if agent.unreachable_in_a_row >= UNREACHABLE_PROBLEM_AFTER:
+        agent.problems.set(
+            problems.PEER_UNREACHABLE,
+            f"the last {agent.unreachable_in_a_row} peers asked for chunks could not be reached (latest {holder.name})",
+        )
+
+
 async def fetch_chunk(agent: Agent, index: int) -> bool:
     """Fetch ``index`` from the least-loaded healthy holder; True once it is held."""
+    generation = agent.generation
     try:
         peers = await agent.tracker.peers(index)
     except tracker_client.TrackerClientError:
         return False
-    return await _from_holders(agent, index, peers)
+    return await _from_holders(agent, index, peers, generation=generation)
 
 
-async def _from_holders(agent: Agent, index: int, peers: list[dict[str, Any]]) -> bool:
+async def _from_holders(agent: Agent, index: int, peers: list[dict[str, Any]], *, generation: int) -> bool:
     if index not in agent.hashes:  # nothing to check against (never blame a peer for that)
         return False
     now = time.monotonic()
     holders = [choice.Holder(name=p["name"], url=p["url"], load=int(p.get("load", 0))) for p in peers]
     for holder in holders:
-        if agent.avoid.get(holder.name, 0.0) > now or index in agent.held:
+        if agent.avoid.get(holder.name, 0.0) > now or index in agent.held or generation != agent.generation:
             continue
         started = time.monotonic()
         data = await _get(agent, holder, index)
-        if data is None:
+        if data is None or generation != agent.generation:
             continue
         log.info("Chunk %d from %s in %.2f s", index, holder.name, time.monotonic() - started)
         if await _verify(agent, index, data):
-            await agent.accept(index, data, digest=agent.hashes[index], from_origin=False, source=holder.name)
-            return True
-        await _penalise(agent, holder, index)
+            digest = agent.hashes[index]
+            return await chunks.accept(
+                agent, index, data, digest=digest, from_origin=False, generation=generation, source=holder.name
+            )
+        if generation == agent.generation:
+            await _penalise(agent, holder, index)
     return index in agent.held
 
 
 async def stream_chunk(agent: Agent, index: int) -> bool:
     """Stream ``index`` from the node pulling it (or fetch it from holders if there are some now)."""
+    generation = agent.generation
     try:
         peers, source = await agent.tracker.sources(index)
     except tracker_client.TrackerClientError:
         return False
     if peers:  # the pull has finished meanwhile; the hash is known to the tracker, soon to us
-        return await _await_hash(agent, index) is not None and await _from_holders(agent, index, peers)
+        known = await _await_hash(agent, index) is not None
+        return known and await _from_holders(agent, index, peers, generation=generation)
     if source is None or agent.avoid.get(str(source.get("name")), 0.0) > time.monotonic():
         return False
     holder = choice.Holder(name=str(source["name"]), url=str(source["url"]), load=0)
@@ -174,28 +225,31 @@ async def stream_chunk(agent: Agent, index: int) -> bool:
     hashing = asyncio.create_task(asyncio.to_thread(manifest.chunk_sha256, memoryview(data)))
     expected = await _await_hash(agent, index)
     digest = await hashing
-    if expected is None or index in agent.held:
+    if expected is None or index in agent.held or generation != agent.generation:
         return index in agent.held
     if digest != expected:
         log.warning("Chunk %d streamed from %s does not match the tracker's hash; dropped", index, holder.name)
         agent.rejected_chunks += 1
         return False
     log.info("Chunk %d streamed from %s in %.2f s (verified)", index, holder.name, time.monotonic() - started)
-    if await agent.accept(index, data, digest=expected, from_origin=False, source=holder.name):
-        agent.streamed_chunks += 1
-    return True
+    accepted = await chunks.accept(
+        agent, index, data, digest=expected, from_origin=False, generation=generation, source=holder.name
+    )
+    agent.streamed_chunks += accepted
+    return accepted
 
 
 async def _await_hash(agent: Agent, index: int) -> str | None:
     """The tracker's hash of ``index``: it arrives with a heartbeat reply once the puller has it."""
     deadline = time.monotonic() + HASH_WAIT_S
-    while index not in agent.hashes:
+    generation = agent.generation
+    while index not in agent.hashes and generation == agent.generation:
         if time.monotonic() > deadline:
             log.warning("No hash for streamed chunk %d within %.0f s; dropping it", index, HASH_WAIT_S)
             return None
         agent.news.set()  # heartbeat now; the reply carries hashes learned since our cursor
         await asyncio.sleep(0.05)
-    return agent.hashes[index]
+    return agent.hashes.get(index) if generation == agent.generation else None
 
 
 async def _verify(agent: Agent, index: int, data: bytearray) -> bool:
@@ -227,10 +281,13 @@ async def _get(agent: Agent, holder: choice.Holder, index: int, *, stream: bool 
     else:
         timeout = aiohttp.ClientTimeout(total=30 + length / (4 << 20), sock_connect=3)
     headers = {"Authorization": f"Bearer {agent.config.token}"}
-    params = {"stream": "1"} if stream else None
+    params = {"revision": agent.revision.id} if agent.revision is not None else {}
+    if stream:
+        params["stream"] = "1"
     url = f"{holder.url}/v1/chunks/{index}"
     try:
         async with agent.http.get(url, headers=headers, params=params, timeout=timeout) as resp:
+            _reached(agent, holder, ok=True)
             if resp.status != 200:
                 return None
             return await _read_body(agent, resp, length)
@@ -241,7 +298,7 @@ async def _get(agent: Agent, holder: choice.Holder, index: int, *, stream: bool 
         return None
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         log.info("Peer %s unreachable for chunk %d: %s", holder.name, index, type(exc).__name__)
-        agent.avoid[holder.name] = max(agent.avoid.get(holder.name, 0.0), time.monotonic() + UNREACHABLE_AVOID_S)
+        _reached(agent, holder, ok=False)
         return None
 
 

@@ -2,6 +2,9 @@
 
 Rules:
 - Only verified chunks are served (the agent's ``held`` map); anything else is 404 ``not_held``.
+  The index is ASCII digits only (else 400 ``bad_index``). ``?revision=<id>`` names the
+  revision the asker holds: a node holding another one answers 409 ``revision_mismatch`` (its
+  chunk ``i`` is another chunk). A ``Range`` header is ignored: chunks are sent and verified whole.
 - A chunk in the memory tier is sent from memory, in pieces, inside the handler (so the upload
   slot stays taken until the body is out); otherwise the staged file slices are sent
   with ``sendfile`` (no copy through Python), one slice after another. A chunk whose disk write
@@ -16,14 +19,18 @@ Rules:
   can serve fewer peers while it is on origin duty); a busy server answers 429 with ``Retry-After`` and the
   client asks another holder.
 - Bearer token, JSON errors and body limits come from ``ringseed.web``.
+- Control (with ``control``): ``GET /v1/status`` (the node's revision, problem, checks) and
+  ``POST /v1/verify`` (hash every held chunk from disk now: 202 ``{"started": true}``, or
+  ``false`` while one runs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web as aioweb
 
@@ -32,6 +39,7 @@ from ringseed.agent import cache, store, stream
 
 log = logging.getLogger(__name__)
 SEND_PIECE = 1 << 20  # bytes per write of a memory-tier chunk
+_INDEX = re.compile(r"[0-9]{1,10}")
 
 
 class ChunkSource(Protocol):
@@ -46,6 +54,19 @@ class ChunkSource(Protocol):
     uploaded_bytes: int
 
 
+class Control(Protocol):
+    """The agent's control surface (status and on-demand checks)."""
+
+    def status(self) -> dict[str, Any]: ...
+
+    def start_verify(self) -> bool: ...
+
+
+def _revision_of(source: ChunkSource) -> str | None:
+    revision = getattr(source, "revision", None)
+    return getattr(revision, "id", None)
+
+
 def create_app(
     *,
     token: str,
@@ -54,12 +75,24 @@ def create_app(
     metrics: web.Metrics,
     max_streams: int = 0,
     refresh_metrics: Callable[[], None],
+    control: Control | None = None,
 ) -> aioweb.Application:
     app = web.make_app(token=token, max_body_bytes=64 << 10)
     app.router.add_get("/metrics", metrics.handler(refresh_metrics))
     server = _ChunkServer(source, max_uploads=max_uploads, max_streams=max_streams)
     app.router.add_get("/v1/chunks/{index}", server.get_chunk)
+    if control is not None:
+        app.router.add_get("/v1/status", lambda _: _status(control))
+        app.router.add_post("/v1/verify", lambda _: _verify(control))
     return app
+
+
+async def _status(control: Control) -> aioweb.Response:
+    return aioweb.json_response(control.status())
+
+
+async def _verify(control: Control) -> aioweb.Response:
+    return aioweb.json_response({"started": control.start_verify()}, status=202)
 
 
 def _busy(reason: str = "upload slots are full; ask another holder") -> aioweb.Response:
@@ -77,10 +110,13 @@ class _ChunkServer:
         self.max_uploads = max_uploads if callable(max_uploads) else (lambda: max_uploads)
 
     async def get_chunk(self, request: aioweb.Request) -> aioweb.StreamResponse:
-        try:
-            index = int(request.match_info["index"])
-        except ValueError as exc:
-            raise web.problem(400, "bad_index", "chunk index must be an integer") from exc
+        raw = request.match_info["index"]
+        if not _INDEX.fullmatch(raw):
+            raise web.problem(400, "bad_index", "chunk index must be a non-negative integer (ASCII digits)")
+        index = int(raw)
+        asked = request.query.get("revision")
+        if asked is not None and asked != _revision_of(self.source):
+            raise web.problem(409, "revision_mismatch", "this node holds another revision of the source")
         if index not in self.source.held:
             inflight = self.source.inflight.get(index) if request.query.get("stream") == "1" else None
             if inflight is None:

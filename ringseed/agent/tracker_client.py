@@ -78,11 +78,19 @@ class TrackerClient:
         raise Refused(status, error, reason)
 
     async def register(
-        self, *, url: str, session: str, chunks: dict[int, str], layout: dict[str, Any] | None
+        self,
+        *,
+        url: str,
+        session: str,
+        chunks: dict[int, str],
+        layout: dict[str, Any] | None,
+        revision: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"node": self.node, "url": url, "session": session, "chunks": chunks}
         if layout is not None:
             body["layout"] = layout
+        if revision is not None:
+            body["revision"] = revision
         result: dict[str, Any] = await self._call("POST", "/v1/register", body)
         return result
 
@@ -94,10 +102,21 @@ class TrackerClient:
         result: dict[str, Any] = await self._call("GET", "/v1/manifest")
         return result
 
-    async def put_manifest(self, *, layout: dict[str, Any], chunk_hashes: list[str] | None) -> None:
+    async def put_manifest(
+        self,
+        *,
+        layout: dict[str, Any],
+        chunk_hashes: list[str] | None,
+        revision: dict[str, Any] | None = None,
+        replaces: str | None = None,
+    ) -> None:
         body: dict[str, Any] = {"node": self.node, "layout": layout}
         if chunk_hashes is not None:
             body["chunk_hashes"] = chunk_hashes
+        if revision is not None:
+            body["revision"] = revision
+        if replaces is not None:
+            body["replaces"] = replaces
         await self._call("PUT", "/v1/manifest", body)
 
     async def claim_origin(self, count: int) -> list[int]:

@@ -11,8 +11,8 @@ import pytest
 from aiohttp import web as aioweb
 
 from ringseed import web
-from ringseed.agent import cache, server, store
-from ringseed.protocol import manifest
+from ringseed.agent import cache, publish, server, store
+from ringseed.protocol import manifest, revision
 
 MiB = 1 << 20
 
@@ -34,21 +34,21 @@ def _chunk(data: bytes, layout: manifest.Layout, index: int) -> bytes:
 def test_journal_survives_reopen_and_model_appears_whole(tmp_path: Path, layout: manifest.Layout) -> None:
     data = _stream(layout)
     staging = store.Store(tmp_path / "cache")
-    assert staging.open(layout) == {}
+    assert staging.open(revision.Revision(layout=layout)).verified == {}
     hashes = [manifest.chunk_sha256(_chunk(data, layout, i)) for i in range(layout.chunk_count)]
     staging.write_chunk(1, _chunk(data, layout, 1))  # spans both files
     staging.commit([(1, hashes[1])])
     staging.write_chunk(2, _chunk(data, layout, 2))  # written, never committed: not trusted
     staging.close()
     again = store.Store(tmp_path / "cache")
-    assert again.open(layout) == {1: hashes[1]}
+    assert again.open(revision.Revision(layout=layout)).verified == {1: hashes[1]}
     for index in [i for i in range(layout.chunk_count) if i != 1]:
         again.write_chunk(index, _chunk(data, layout, index))
     model_dir = tmp_path / "data" / "ns" / "m"
     digest = manifest.Manifest(layout=layout, chunk_hashes=tuple(hashes)).digest
-    again.materialise(model_dir=model_dir, digest=digest)
+    publish.materialise(again, model_dir=model_dir, digest=digest)
     assert (model_dir / "a.bin").read_bytes() + (model_dir / "d" / "b.bin").read_bytes() == data
-    assert store.read_marker(model_dir) == digest
+    assert publish.read_marker(model_dir) == digest
     assert os.stat(model_dir / "d" / "b.bin").st_mode & 0o777 == 0o600
     assert sorted(p.name for p in model_dir.parent.iterdir()) == ["m"]  # no temp dirs left behind
 
@@ -65,7 +65,7 @@ class _Source:
 async def test_server_sends_verified_chunks_from_disk_and_memory(tmp_path: Path, layout: manifest.Layout) -> None:
     data = _stream(layout)
     staging = store.Store(tmp_path / "cache")
-    staging.open(layout)
+    staging.open(revision.Revision(layout=layout))
     held = {}
     for index in range(layout.chunk_count):
         staging.write_chunk(index, _chunk(data, layout, index))

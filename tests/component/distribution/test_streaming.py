@@ -16,10 +16,9 @@ import pytest
 from aiohttp import web as aioweb
 
 from ringseed import web
-from ringseed.agent import agent as agent_mod
 from ringseed.agent import cache, origins, server, store, stream
 from ringseed.local import swarm
-from ringseed.protocol import manifest
+from ringseed.protocol import manifest, revision
 from tests.component.distribution.conftest import MiB, assert_copies, make_model, odd_sizes, source_manifest
 
 
@@ -56,7 +55,7 @@ class _Source:
 async def served(tmp_path: Path) -> AsyncIterator[tuple[_Source, str, aiohttp.ClientSession]]:
     layout = manifest.Layout.build([("a.bin", 4 * MiB, 0o644)], chunk_size=2 * MiB)
     staging = store.Store(tmp_path / "cache")
-    staging.open(layout)
+    staging.open(revision.Revision(layout=layout))
     source = _Source(staging)
     app = server.create_app(
         token="t", source=source, max_uploads=1, max_streams=2, metrics=web.Metrics(), refresh_metrics=lambda: None
@@ -124,20 +123,6 @@ async def test_streams_are_refused_when_slots_are_full_or_a_stream_lags(
         assert resp.status == 429
     inflight.close_stream(lagging)
     assert inflight.keeping_up()
-
-
-async def test_adopting_the_layout_keeps_hashes_learned_meanwhile(tmp_path: Path) -> None:
-    config = agent_mod.Config(
-        master_url="http://127.0.0.1:1", node_name="n", advertise_host="127.0.0.1", port=0, token="t",
-        source="file:///nowhere", data_dir=tmp_path / "data", cache_dir=tmp_path / "cache", namespace="ns", name="m",
-    )  # fmt: skip
-    node = agent_mod.Agent(config)
-    layout = manifest.Layout.build([("a.bin", 3 * MiB, 0o644)], chunk_size=MiB)
-    node.hashes = {0: "ab" * 32}  # a heartbeat brought it before the manifest was read
-    await node._adopt(layout, hashes=[None, "cd" * 32, None])
-    assert node.hashes == {0: "ab" * 32, 1: "cd" * 32}
-    assert node.missing == {0, 1, 2}
-    node.store.close()
 
 
 def test_peers_stream_chunks_while_they_arrive_from_a_slow_origin(

@@ -64,7 +64,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--scrub-after", type=cmdline.positive_seconds, default=60.0, help="seconds after publishing before scrubbing"
     )
     parser.add_argument(
-        "--verify-on-start", action="store_true", help="hash every staged chunk from disk at start (bad ones refetched)"
+        "--verify-on-start",
+        action="store_true",
+        help="hash every staged chunk from disk at start, bad ones refetched (default: off)",
     )
     parser.add_argument(
         "--origin-rate-limit",

@@ -110,13 +110,18 @@ def test_a_sigkilled_agent_is_named_at_once_and_the_workdir_kept(tmp_path: Path)
 def test_an_agent_that_dies_is_named_with_the_first_error_of_its_log(
     tmp_path: Path, swarm_factory: Callable[..., swarm.LocalSwarm]
 ) -> None:
-    local = swarm_factory(source=(tmp_path / "gone").as_uri(), nodes=1, chunk_size=MiB)
+    # An agent reports a missing source as a problem and keeps serving; one whose cache directory is
+    # unusable (here: a file) cannot run at all and exits with the error.
+    root = make_model(tmp_path / "model", odd_sizes(2, files=1))
+    local = swarm_factory(source=root.as_uri(), nodes=1, chunk_size=MiB)
+    local.node_dir("node-0").mkdir(parents=True)
+    (local.node_dir("node-0") / "cache").write_text("not a directory")
     local.start()
     with pytest.raises(swarm.ChildDied) as died:
         local.wait_for(lambda s: False, timeout=60, what="node-0 to die")
     assert died.value.name == "node-0"
-    assert died.value.error == f"OriginError: {(tmp_path / 'gone').as_uri()}: no such file or directory"
-    assert str(died.value).startswith("node-0 exited with status 1: OriginError: ")
+    assert died.value.error is not None and died.value.error.startswith("NotADirectoryError: ")
+    assert str(died.value).startswith("node-0 exited with status 1: NotADirectoryError: ")
 
 
 def test_python_http_server_without_range_serves_a_swarm_in_about_one_pass(

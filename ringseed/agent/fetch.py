@@ -7,10 +7,13 @@ Rules:
   duplicates (:func:`ringseed.protocol.choice.endgame`) are capped by ``ENDGAME_REQUESTS``, now 1
   (off): on the testbed a second request for the last chunk took an upload slot another node
   needed and split the holder's uplink, so the tail got longer (N=16: 30.3 s -> 28.1 s without).
-- A busy or failed chunk backs off per chunk (``ringseed.protocol.backoff``: ``RETRY_AFTER_S``
-  doubling up to ``RETRY_CAP_S``, jittered); a chunk whose availability grows (a copy just
-  appeared) is tried again at once. After ``UNREACHABLE_PROBLEM_AFTER`` fetches in a row failed
-  while holders are listed, the node reports ``PeerUnreachable`` until a fetch succeeds.
+- A chunk nobody could give (no holder yet, every holder busy) is tried again after
+  ``RETRY_AFTER_S`` (jittered), short so that a copy or a slot that just appeared is used at
+  once. A chunk whose fetch failed (a peer unreachable, a body cut short, a wrong hash) backs
+  off per chunk (``ringseed.protocol.backoff``: ``RETRY_AFTER_S`` doubling up to
+  ``RETRY_CAP_S``); a chunk whose availability grows (a copy just appeared) is tried at once.
+  After ``UNREACHABLE_PROBLEM_AFTER`` peers in a row could not be reached, the node reports
+  ``PeerUnreachable`` until one answers.
 - Nothing new starts while staging is full (``writes_paused``), and candidates (bytes kept from
   another revision, checked by hash in ``revisions``) are not fetched.
 - Requests name the revision (``?revision=``): a peer on another revision answers 409 and is
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import math
 import random
@@ -58,28 +62,42 @@ STREAM_RETRY_S = 0.5
 HASH_WAIT_S = 30.0
 
 
+class Outcome(enum.Enum):
+    """How one attempt at a chunk ended."""
+
+    HELD = "held"
+    NOT_NOW = "not_now"  # no holder yet, every holder busy, nothing to check against: try again soon
+    FAILED = "failed"  # a peer unreachable, a body cut short, a wrong hash: back off
+
+
 class _Retries:
-    """Per-chunk back-off of peer fetches; a chunk whose availability grew is ready at once."""
+    """When each chunk may be tried again; a chunk whose availability grew is ready at once."""
 
     def __init__(self, rng: random.Random) -> None:
         self.backoff: backoff.Backoff[int] = backoff.Backoff(base=RETRY_AFTER_S, cap=RETRY_CAP_S, rng=rng)
+        self.not_before: dict[int, float] = {}
         self.seen: list[int] = []
         self.generation = -1
+
+    def ready(self, index: int, now: float) -> bool:
+        return self.backoff.ready(index, now=now) and self.not_before.get(index, 0.0) <= now
 
     def renew(self, agent: Agent) -> None:
         if agent.generation != self.generation:
             self.backoff.clear()
+            self.not_before.clear()
             self.seen, self.generation = [], agent.generation
         if agent.availability is not self.seen:
             for index, (before, now) in enumerate(zip(self.seen, agent.availability, strict=False)):
                 if now > before:
                     self.backoff.reset(index)
+                    self.not_before.pop(index, None)
             self.seen = agent.availability
 
 
 async def download_loop(agent: Agent) -> None:
     rng = random.Random()
-    tasks: dict[int, set[asyncio.Task[bool]]] = {}
+    tasks: dict[int, set[asyncio.Task[Outcome]]] = {}
     retries = _Retries(rng)
     stream_retry_at: dict[int, float] = {}
     while True:
@@ -98,7 +116,7 @@ async def download_loop(agent: Agent) -> None:
             _launch(agent, tasks, index, stream_chunk(agent, index))
             free -= 1
         wanted = agent.missing - agent.candidates
-        ready = [i for i in wanted if i in agent.hashes and i not in tasks and retries.backoff.ready(i, now=now)]
+        ready = [i for i in wanted if i in agent.hashes and i not in tasks and retries.ready(i, now)]
         picks = choice.rarest_first(candidates=ready, availability=agent.availability, count=free, rng=rng)
         if not picks:
             in_flight = {i: len(ts) for i, ts in tasks.items()}
@@ -109,14 +127,14 @@ async def download_loop(agent: Agent) -> None:
             _launch(agent, tasks, index, fetch_chunk(agent, index))
 
 
-def _launch(agent: Agent, tasks: dict[int, set[asyncio.Task[bool]]], index: int, job: Any) -> None:
+def _launch(agent: Agent, tasks: dict[int, set[asyncio.Task[Outcome]]], index: int, job: Any) -> None:
     task = asyncio.create_task(job)
     task.add_done_callback(lambda _: agent.changed.set())
     tasks.setdefault(index, set()).add(task)
 
 
 def _stream_picks(
-    agent: Agent, tasks: dict[int, set[asyncio.Task[bool]]], retry_at: dict[int, float], *, free: int, now: float
+    agent: Agent, tasks: dict[int, set[asyncio.Task[Outcome]]], retry_at: dict[int, float], *, free: int, now: float
 ) -> list[int]:
     """Chunks being pulled from the origin that nobody holds yet, to stream from the puller."""
     streaming = sum(1 for i in tasks if i in agent.pulling and not _available(agent, i))
@@ -136,18 +154,20 @@ def _available(agent: Agent, index: int) -> bool:
     return index < len(agent.availability) and agent.availability[index] > 0
 
 
-def _reap(agent: Agent, tasks: dict[int, set[asyncio.Task[bool]]], retries: _Retries) -> None:
+def _reap(agent: Agent, tasks: dict[int, set[asyncio.Task[Outcome]]], retries: _Retries) -> None:
     for index in list(tasks):
         running = {t for t in tasks[index] if not t.done()}
         finished = tasks[index] - running
-        failed = any(t.cancelled() or t.exception() is not None or not t.result() for t in finished)
+        outcomes = {Outcome.FAILED if t.cancelled() or t.exception() is not None else t.result() for t in finished}
         if index in agent.held:
             for task in running:
                 task.cancel()
             running = set()
             retries.backoff.succeeded(index)
-        elif finished and failed and not running:
+        elif finished and not running and Outcome.FAILED in outcomes:
             retries.backoff.failed(index, now=time.monotonic())
+        elif finished and not running:
+            retries.not_before[index] = time.monotonic() + RETRY_AFTER_S * (0.5 + random.random())
         for task in finished:
             if not task.cancelled() and task.exception() is not None:
                 log.warning("Fetch of chunk %d failed: %r", index, task.exception())
@@ -172,19 +192,20 @@ def _reached(agent: Agent, holder: choice.Holder, *, ok: bool) -> None:
         )
 
 
-async def fetch_chunk(agent: Agent, index: int) -> bool:
+async def fetch_chunk(agent: Agent, index: int) -> Outcome:
     """Fetch ``index`` from the least-loaded healthy holder; True once it is held."""
     generation = agent.generation
     try:
         peers = await agent.tracker.peers(index)
     except tracker_client.TrackerClientError:
-        return False
+        return Outcome.NOT_NOW
     return await _from_holders(agent, index, peers, generation=generation)
 
 
-async def _from_holders(agent: Agent, index: int, peers: list[dict[str, Any]], *, generation: int) -> bool:
+async def _from_holders(agent: Agent, index: int, peers: list[dict[str, Any]], *, generation: int) -> Outcome:
     if index not in agent.hashes:  # nothing to check against (never blame a peer for that)
-        return False
+        return Outcome.NOT_NOW
+    failed = False
     now = time.monotonic()
     holders = [choice.Holder(name=p["name"], url=p["url"], load=int(p.get("load", 0))) for p in peers]
     for holder in holders:
@@ -192,51 +213,60 @@ async def _from_holders(agent: Agent, index: int, peers: list[dict[str, Any]], *
             continue
         started = time.monotonic()
         data = await _get(agent, holder, index)
-        if data is None or generation != agent.generation:
+        failed |= data is None
+        if not isinstance(data, bytearray) or generation != agent.generation:
             continue
         log.info("Chunk %d from %s in %.2f s", index, holder.name, time.monotonic() - started)
         if await _verify(agent, index, data):
             digest = agent.hashes[index]
-            return await chunks.accept(
+            await chunks.accept(
                 agent, index, data, digest=digest, from_origin=False, generation=generation, source=holder.name
             )
+            break
         if generation == agent.generation:
+            failed = True
             await _penalise(agent, holder, index)
-    return index in agent.held
+    if index in agent.held:
+        return Outcome.HELD
+    return Outcome.FAILED if failed else Outcome.NOT_NOW
 
 
-async def stream_chunk(agent: Agent, index: int) -> bool:
-    """Stream ``index`` from the node pulling it (or fetch it from holders if there are some now)."""
+async def stream_chunk(agent: Agent, index: int) -> Outcome:
+    """Stream ``index`` from the node pulling it (or fetch it from holders if there are some now).
+
+    A stream that is refused, cut short or does not match is NOT_NOW, never held against anyone.
+    """
     generation = agent.generation
     try:
         peers, source = await agent.tracker.sources(index)
     except tracker_client.TrackerClientError:
-        return False
+        return Outcome.NOT_NOW
     if peers:  # the pull has finished meanwhile; the hash is known to the tracker, soon to us
-        known = await _await_hash(agent, index) is not None
-        return known and await _from_holders(agent, index, peers, generation=generation)
+        if await _await_hash(agent, index) is None:
+            return Outcome.NOT_NOW
+        return await _from_holders(agent, index, peers, generation=generation)
     if source is None or agent.avoid.get(str(source.get("name")), 0.0) > time.monotonic():
-        return False
+        return Outcome.NOT_NOW
     holder = choice.Holder(name=str(source["name"]), url=str(source["url"]), load=0)
     started = time.monotonic()
     data = await _get(agent, holder, index, stream=True)
-    if data is None:
-        return False
+    if not isinstance(data, bytearray):
+        return Outcome.NOT_NOW
     hashing = asyncio.create_task(asyncio.to_thread(manifest.chunk_sha256, memoryview(data)))
     expected = await _await_hash(agent, index)
     digest = await hashing
     if expected is None or index in agent.held or generation != agent.generation:
-        return index in agent.held
+        return Outcome.HELD if index in agent.held else Outcome.NOT_NOW
     if digest != expected:
         log.warning("Chunk %d streamed from %s does not match the tracker's hash; dropped", index, holder.name)
         agent.rejected_chunks += 1
-        return False
+        return Outcome.NOT_NOW
     log.info("Chunk %d streamed from %s in %.2f s (verified)", index, holder.name, time.monotonic() - started)
-    accepted = await chunks.accept(
+    if await chunks.accept(
         agent, index, data, digest=expected, from_origin=False, generation=generation, source=holder.name
-    )
-    agent.streamed_chunks += accepted
-    return accepted
+    ):
+        agent.streamed_chunks += 1
+    return Outcome.HELD if index in agent.held else Outcome.NOT_NOW
 
 
 async def _await_hash(agent: Agent, index: int) -> str | None:
@@ -267,8 +297,9 @@ async def _penalise(agent: Agent, holder: choice.Holder, index: int) -> None:
         await agent.tracker.report(peer=holder.name, chunk=index)
 
 
-async def _get(agent: Agent, holder: choice.Holder, index: int, *, stream: bool = False) -> bytearray | None:
-    """The body of ``GET /v1/chunks/{index}`` from ``holder``, or None (busy, gone, short).
+async def _get(agent: Agent, holder: choice.Holder, index: int, *, stream: bool = False) -> bytearray | int | None:
+    """The body of ``GET /v1/chunks/{index}`` from ``holder``; the status if it is not 200 (busy,
+    not held, another revision); None if the peer failed (unreachable, body cut short).
 
     ``stream``: ask for the bytes as they arrive from the origin (no total time limit, since the
     origin sets the pace; 30 s without a byte ends it). A stream cut short is not held against the
@@ -289,7 +320,7 @@ async def _get(agent: Agent, holder: choice.Holder, index: int, *, stream: bool 
         async with agent.http.get(url, headers=headers, params=params, timeout=timeout) as resp:
             _reached(agent, holder, ok=True)
             if resp.status != 200:
-                return None
+                return resp.status
             return await _read_body(agent, resp, length)
     except aiohttp.ClientPayloadError as exc:
         log.info("Peer %s broke off chunk %d: %s", holder.name, index, exc)

@@ -1,0 +1,139 @@
+"""Staging and publishing in process, on real files: revisions kept by path, copy before writing
+through a link, drops in the journal, the disk budget, the marker, fingerprints and leftovers."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from ringseed.agent import publish, store
+from ringseed.protocol import manifest, revision
+
+MiB = 1 << 20
+
+
+def _rev(sizes: dict[str, int], tag: str = "t") -> revision.Revision:
+    return revision.Revision.of_listing([(p, s, 0o644, f"{tag}-{p}") for p, s in sizes.items()], chunk_size=MiB)
+
+
+def _fill(staging: store.Store, data: dict[str, bytes]) -> dict[int, str]:
+    """Write every chunk of ``data`` (path -> bytes, in the staging's layout) and journal it."""
+    layout = staging.layout
+    assert layout is not None
+    stream = b"".join(data[f.path] for f in layout.files)
+    held = {}
+    for index in range(layout.chunk_count):
+        start, end = layout.chunk_span(index)
+        staging.write_chunk(index, stream[start:end])
+        held[index] = manifest.chunk_sha256(stream[start:end])
+    staging.commit(held.items())
+    return held
+
+
+def test_moving_to_another_revision_keeps_files_by_path_and_names_the_verified_bytes(tmp_path: Path) -> None:
+    old = _rev({"a.bin": 2 * MiB, "b.bin": MiB + 10, "gone.bin": 5})
+    data = {"a.bin": os.urandom(2 * MiB), "b.bin": os.urandom(MiB + 10), "gone.bin": b"12345"}
+    staging = store.Store(tmp_path / "cache")
+    staging.open(old)
+    held = _fill(staging, data)
+    staging.close()
+    new = _rev({"a.bin": 2 * MiB, "b.bin": MiB + 20, "c.bin": 7}, tag="u")  # b grew, gone.bin went, c.bin came
+    again = store.Store(tmp_path / "cache")
+    opened = again.open(new)
+    assert opened.verified == {}  # the journal belongs to the old revision
+    assert opened.prior is not None and opened.prior.held == held and opened.prior.revision == old
+    assert opened.kept == {"a.bin": [(0, 2 * MiB)], "b.bin": [(0, MiB + 10)]}
+    assert not (tmp_path / "cache" / "files" / "gone.bin").exists()
+    assert (tmp_path / "cache" / "files" / "b.bin").read_bytes()[: MiB + 10] == data["b.bin"]
+    assert again.saved_revision() == new
+    assert revision.reuse_candidates(new.layout, opened.kept) == {0, 1, 2}  # chunk 3 has b.bin's new end
+    again.close()
+
+
+def test_a_write_never_goes_through_a_link_into_a_published_model(tmp_path: Path) -> None:
+    rev = _rev({"a.bin": 2 * MiB})
+    staging = store.Store(tmp_path / "cache")
+    staging.open(rev)
+    held = _fill(staging, {"a.bin": bytes(2 * MiB)})
+    model = tmp_path / "data" / "ns" / "m"
+    digest = manifest.Manifest(layout=rev.layout, chunk_hashes=tuple(held[i] for i in range(2))).digest
+    publish.materialise(staging, model_dir=model, digest=digest)
+    assert os.stat(model / "a.bin").st_ino == os.stat(tmp_path / "cache" / "files" / "a.bin").st_ino
+    staging.write_chunk(1, b"\x01" * MiB)  # a repair or a new revision writes into staging
+    assert (model / "a.bin").read_bytes() == bytes(2 * MiB)  # the published copy kept its bytes
+    assert staging.read_chunk(1) == b"\x01" * MiB and staging.read_chunk(0) == bytes(MiB)
+    assert os.stat(model / "a.bin").st_nlink == 1  # staging now has its own copy
+    staging.close()
+
+
+def test_the_marker_is_a_new_file_and_dropped_chunks_are_not_trusted_after_a_restart(tmp_path: Path) -> None:
+    rev = _rev({"a.bin": 3 * MiB})
+    staging = store.Store(tmp_path / "cache")
+    staging.open(rev)
+    held = _fill(staging, {"a.bin": os.urandom(3 * MiB)})
+    model = tmp_path / "data" / "ns" / "m"
+    digest = manifest.Manifest(layout=rev.layout, chunk_hashes=tuple(held[i] for i in range(3))).digest
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    model.mkdir(parents=True)
+    os.link(victim, model / publish.MARKER)  # whatever sits at the marker's name is replaced, never written
+    publish.materialise(staging, model_dir=model, digest=digest, force=True)
+    assert victim.read_text() == "keep me" and publish.read_marker(model) == digest
+    assert publish.changed_files(staging, model) == []
+    staging.drop([1])
+    staging.close()
+    again = store.Store(tmp_path / "cache")
+    assert again.open(rev).verified == {0: held[0], 2: held[2]}
+    again.close()
+
+
+def test_fingerprints_name_files_changed_after_publishing(tmp_path: Path) -> None:
+    rev = _rev({"a.bin": MiB, "b.bin": MiB})
+    staging = store.Store(tmp_path / "cache")
+    staging.open(rev)
+    held = _fill(staging, {"a.bin": os.urandom(MiB), "b.bin": os.urandom(MiB)})
+    model = tmp_path / "data" / "ns" / "m"
+    publish.materialise(staging, model_dir=model, digest=manifest.Manifest(rev.layout, (held[0], held[1])).digest)
+    with open(model / "b.bin", "r+b") as f:  # a byte flipped at rest (the write also moves the mtime)
+        f.seek(100)
+        f.write(b"\xff")
+    assert publish.changed_files(staging, model) == ["b.bin"]
+    publish.withdraw(model)
+    assert publish.read_marker(model) is None
+    staging.close()
+
+
+def test_leftovers_of_killed_publishes_are_removed_but_nothing_else(tmp_path: Path) -> None:
+    parent = tmp_path / "data" / "ns"
+    for name in (".m.tmp-123", ".m.old-456", ".other.tmp-1", "m", "mm"):
+        (parent / name).mkdir(parents=True)
+    removed = publish.remove_leftovers(parent / "m")
+    assert sorted(p.name for p in removed) == [".m.old-456", ".m.tmp-123"]
+    assert sorted(p.name for p in parent.iterdir()) == [".other.tmp-1", "m", "mm"]
+
+
+def test_the_budget_refuses_a_write_before_any_byte_lands(tmp_path: Path) -> None:
+    rev = _rev({"a.bin": 3 * MiB})
+    staging = store.Store(tmp_path / "cache", budget=2 * MiB + 4096)
+    staging.open(rev)
+    staging.write_chunk(0, bytes(MiB))
+    staging.write_chunk(1, bytes(MiB))
+    with pytest.raises(store.DiskFull) as full:
+        staging.write_chunk(2, bytes(MiB))
+    assert full.value.errno == errno.ENOSPC and "--ssd-bytes" in str(full.value)
+    assert staging.room_for(MiB) is not None and staging.room_for(1) is None
+    staging.close()
+
+
+def test_one_agent_per_staging_directory(tmp_path: Path) -> None:
+    first = store.Store(tmp_path / "cache")
+    first.acquire()
+    with pytest.raises(store.Busy, match="in use by another agent"):
+        store.Store(tmp_path / "cache").acquire()
+    first.close()
+    second = store.Store(tmp_path / "cache")
+    second.acquire()  # released with the first one
+    second.close()

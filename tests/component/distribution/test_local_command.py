@@ -153,3 +153,18 @@ def test_a_timeout_names_the_nodes_still_missing_and_keeps_the_workdir(tmp_path:
     assert "node-1 (" in result["error"]
     assert f"ringseed local distribute: kept the workdir {workdir}" in done.stderr
     assert (workdir / "swarm" / "logs" / "node-0.log").exists()
+
+
+def test_a_permanent_origin_error_during_the_run_stops_it_naming_node_and_reason(tmp_path: Path) -> None:
+    # index.json lists a file the server does not have: the listing before the start passes, the
+    # origin-duty agent's reads get 404 (permanent), it reports OriginError and the run stops.
+    root = make_model(tmp_path / "model", {"a.bin": 3 * MiB})
+    index = {"files": [{"path": "a.bin", "size": 3 * MiB}, {"path": "gone.bin", "size": MiB}]}
+    (root / "index.json").write_text(json.dumps(index))
+    with servers.plain_http_server(root) as (url, _):
+        done = distribute(url, "--nodes", "2", "--chunk-size", "1Mi", "--json", "--timeout", "120")
+    assert done.returncode == 1
+    result = json.loads(done.stdout)
+    node, reason, message = result["error"].split(": ", 2)
+    assert node in ("node-0", "node-1") and reason == "OriginError", result["error"]
+    assert f"{url}gone.bin" in message and "404" in message, message

@@ -106,16 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if found is None:
         return _not_a_command(argv)
     words, rest = found
-    module_name, help_text = COMMANDS[words]
-    module_name = ROLES.get((words, _role(rest) or ""), module_name)
-    module: CommandModule = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(
-        prog="ringseed " + " ".join(words),
-        description=help_text,
-        formatter_class=cmdline.HelpFormatter,
-    )
-    parser.add_argument("--log-level", default="INFO", type=_log_level, help="logging level of this process")
-    module.configure(parser)
+    module, parser = command_parser(words, role=_role(rest))
     args = parser.parse_args(rest)
     logging.basicConfig(
         level=args.log_level,
@@ -126,6 +117,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return module.run(args)
     except KeyboardInterrupt:
         return 130
+
+
+def command_parser(words: tuple[str, ...], *, role: str | None = None) -> tuple[CommandModule, argparse.ArgumentParser]:
+    """The module of command ``words`` (for ``--role role`` where a role has its own) and its parser."""
+    module_name, help_text = COMMANDS[words]
+    module_name = ROLES.get((words, role or ""), module_name)
+    module: CommandModule = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(
+        prog="ringseed " + " ".join(words),
+        description=help_text,
+        formatter_class=cmdline.HelpFormatter,
+    )
+    parser.add_argument("--log-level", default="INFO", type=_log_level, help="logging level of this process")
+    module.configure(parser)
+    return module, parser
 
 
 def _not_a_command(argv: Sequence[str]) -> int:

@@ -13,26 +13,42 @@ import os
 import socket
 import sys
 
+from ringseed import cmdline
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
-    parser.add_argument("--role", choices=("cache",), default="cache")
+    parser.add_argument("--role", choices=("cache",), default="cache", help="the agent's role on the node")
     parser.add_argument("--master-url", default=env("RINGSEED_MASTER_URL"), help="cache master URL(s), comma-separated")
-    parser.add_argument("--node-name", default=env("RINGSEED_NODE_NAME") or socket.gethostname())
-    parser.add_argument("--advertise-host", default=env("RINGSEED_ADVERTISE_HOST") or "127.0.0.1")
+    parser.add_argument(
+        "--node-name",
+        default=env("RINGSEED_NODE_NAME") or socket.gethostname(),
+        help="this node's name (env RINGSEED_NODE_NAME, else the host name)",
+    )
+    parser.add_argument(
+        "--advertise-host",
+        default=env("RINGSEED_ADVERTISE_HOST") or "127.0.0.1",
+        help="address peers use to reach this agent (env RINGSEED_ADVERTISE_HOST)",
+    )
     parser.add_argument("--host", default="0.0.0.0", help="address the peer server listens on")
-    parser.add_argument("--port", type=int, default=8473, help="peer server port (0: any free port)")
-    parser.add_argument("--token-file")
+    parser.add_argument("--port", type=cmdline.port, default=8473, help="peer server port (0: any free port)")
+    parser.add_argument("--token-file", help="file holding the group's bearer token (else env RINGSEED_TOKEN)")
     parser.add_argument("--group", default="", help="the node's group (replicas prefer nodes of the same group)")
     parser.add_argument("--socket", default="/run/ringseed/cache.sock", help="Unix socket for this node's pods")
     parser.add_argument("--memory-dir", default="/dev/shm/ringseed", help="memory tier directory (tmpfs)")
-    parser.add_argument("--memory-bytes", default="4Gi", help="memory tier budget")
+    parser.add_argument("--memory-bytes", type=cmdline.positive_size, default="4Gi", help="memory tier budget")
     parser.add_argument("--ssd-dir", default=None, help="SSD tier directory (none: memory only)")
-    parser.add_argument("--ssd-bytes", default="0", help="SSD tier budget")
-    parser.add_argument("--chunk-size", default="32Mi", help="chunk size of written objects (5Mi to 1Gi)")
+    parser.add_argument("--ssd-bytes", type=cmdline.size, default="0", help="SSD tier budget")
+    parser.add_argument(
+        "--chunk-size", type=cmdline.positive_size, default="32Mi", help="chunk size of written objects (5Mi to 1Gi)"
+    )
     parser.add_argument("--sink", default=None, help="file:// or s3:// URI checkpoints are persisted to")
-    parser.add_argument("--persist-rate-limit", default=None, help="bytes/s to the sink (e.g. 50Mi)")
-    parser.add_argument("--write-deadline", type=float, default=120.0, help="seconds a writer waits for room")
+    parser.add_argument(
+        "--persist-rate-limit", type=cmdline.positive_size, default=None, help="bytes/s to the sink (e.g. 50Mi)"
+    )
+    parser.add_argument(
+        "--write-deadline", type=cmdline.positive_seconds, default=120.0, help="seconds a writer waits for room"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,7 +56,6 @@ def run(args: argparse.Namespace) -> int:
     import signal
     from pathlib import Path
 
-    from ringseed import cmdline
     from ringseed.cache import service
     from ringseed.protocol import units
 

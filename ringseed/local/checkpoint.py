@@ -25,18 +25,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ringseed import cmdline
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", type=int, default=3, help="cache agents (at least 2)")
-    parser.add_argument("--size", default="256Mi", help="checkpoint size, e.g. 1Gi")
-    parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--chunk-size", default="32Mi")
-    parser.add_argument("--memory-bytes", default="2Gi", help="memory tier budget per agent")
-    parser.add_argument("--ssd-bytes", default="4Gi", help="SSD tier budget per agent")
+    parser.add_argument("--nodes", type=cmdline.positive_int, default=3, help="cache agents (at least 2)")
+    parser.add_argument("--size", type=cmdline.positive_size, default="256Mi", help="checkpoint size, e.g. 1Gi")
+    parser.add_argument(
+        "--replicas", type=cmdline.positive_int, default=2, help="copies of each write held before it is acknowledged"
+    )
+    parser.add_argument(
+        "--chunk-size", type=cmdline.positive_size, default="32Mi", help="chunk size of written objects (5Mi to 1Gi)"
+    )
+    parser.add_argument(
+        "--memory-bytes", type=cmdline.positive_size, default="2Gi", help="memory tier budget per agent"
+    )
+    parser.add_argument("--ssd-bytes", type=cmdline.size, default="4Gi", help="SSD tier budget per agent")
     parser.add_argument("--sink", default=None, help="file:// or s3:// to persist to")
-    parser.add_argument("--persist-rate-limit", default=None, help="bytes/s to the sink")
+    parser.add_argument("--persist-rate-limit", type=cmdline.positive_size, default=None, help="bytes/s to the sink")
     parser.add_argument("--workdir", help="directory for logs and SSD tiers (default: a temp dir)")
-    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--timeout", type=cmdline.positive_seconds, default=600.0, help="give up after this many seconds"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 

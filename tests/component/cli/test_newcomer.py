@@ -8,6 +8,7 @@ one listing, before any agent starts.
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from ringseed import cli, cmdline
 from tests.component.origins import servers
 
 DISTRIBUTE = ["local", "distribute"]
@@ -177,33 +179,24 @@ def test_a_source_or_demo_is_needed() -> None:
     assert "give a SOURCE or --demo" in error_line(done)
 
 
+COMMAND_PARSERS = [(words, None) for words in sorted(cli.COMMANDS)] + [(w, role) for (w, role) in sorted(cli.ROLES)]
+
+
 @pytest.mark.parametrize(
-    "command", [["local", "distribute"], ["local", "allreduce"], ["manifest"], ["agent"], ["master"]]
+    ("words", "role"), COMMAND_PARSERS, ids=lambda v: " ".join(v) if isinstance(v, tuple) else str(v)
 )
-def test_every_option_has_help_and_its_default(command: list[str]) -> None:
-    done = ringseed(*command, "--help")
-    assert done.returncode == 0
-    options = _options(done.stdout)
-    assert options, done.stdout
-    unset = ("--help", "--json", "--demo", "--output", "--token-file", "--manifest-uri", "--master-url")
-    for flag, text in options.items():
-        assert text, f"{flag} has no help"
-        assert "(default: None)" not in text and "(default: False)" not in text, text
-        if flag not in unset and flag not in ("--source", "--model-name", "--rate-limit", "--ssd-bytes", "--role"):
-            assert "default" in text, f"{flag}: {text!r} shows no default"
+def test_every_option_has_help_and_shows_its_default(words: tuple[str, ...], role: str | None) -> None:
+    _, parser = cli.command_parser(words, role=role)
+    text = parser.format_help()
+    assert "(default: None)" not in text and "(default: False)" not in text
+    for action in parser._actions:
+        name = action.option_strings[-1] if action.option_strings else action.dest
+        assert action.help, f"ringseed {' '.join(words)} {name} has no help"
+        shown = cmdline.HelpFormatter(prog="x")._get_help_string(action) or ""
+        if action.default not in (None, False, argparse.SUPPRESS):
+            assert "default" in shown, f"ringseed {' '.join(words)} {name}: {shown!r} shows no default"
 
 
-def _options(help_text: str) -> dict[str, str]:
-    """``{flag: help}`` from argparse's ``options:`` section (help may wrap onto following lines)."""
-    section = help_text.split("options:", 1)[1]
-    options: dict[str, str] = {}
-    current = None
-    for line in section.splitlines():
-        stripped = line.strip()
-        if line.startswith("  -"):
-            flag, _, text = stripped.partition("  ")
-            current = next(t for t in flag.replace(",", " ").split() if t.startswith("--"))
-            options[current] = text.strip()
-        elif current and stripped:
-            options[current] = f"{options[current]} {stripped}".strip()
-    return options
+def test_help_runs_as_a_command() -> None:
+    done = ringseed("local", "distribute", "--help")
+    assert done.returncode == 0 and "--nodes NODES" in done.stdout and "(default: 4)" in done.stdout

@@ -5,7 +5,8 @@ the simulator drives the same object). Pure: no I/O; time is the ``now`` argumen
 any monotonic origin); randomness is a ``random.Random`` argument.
 
 Rules:
-- Nodes register (name, peer URL, session id) and heartbeat. A node silent for more than
+- Nodes register (name, peer URL, session id) and heartbeat; at most ``MAX_NODES`` names are
+  kept (registered and departed), a new name beyond that is refused. A node silent for more than
   ``offline_after`` seconds is purged by :meth:`Tracker.purge`: its holdings stop counting,
   its origin assignments are released and its origin duty moves to another online node.
   A purged node that comes back re-registers; its record starts afresh from what it announces.
@@ -72,6 +73,7 @@ from ringseed.protocol import choice, manifest, tracker_view, trust
 from ringseed.protocol import revision as revisions  # (``Tracker.revision`` is the current id)
 
 MAX_CHUNKS = 1 << 21  # 2 TiB at the smallest chunk size, 128 TiB at the default
+MAX_NODES = 1 << 16  # node names the tracker keeps (registered and departed): bounded memory
 
 
 class TrackerError(Exception):
@@ -313,6 +315,8 @@ class Tracker:
         unconfirmed one if it has none; chunks of another revision are all refused. What others
         said about the node (:mod:`ringseed.protocol.trust`) is keyed by its name and survives
         re-registration."""
+        if node not in self.nodes and node not in self.departed and len(self.nodes) + len(self.departed) >= MAX_NODES:
+            raise TrackerError(f"this swarm already knows {MAX_NODES} nodes; refusing a new name")
         if layout is not None:
             source = source if source is not None else revisions.Revision(layout=layout)
             if self.layout is None:

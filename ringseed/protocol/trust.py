@@ -30,7 +30,8 @@ Rules (``witnesses`` is K, 2 by default):
   from it: the holder is told (it should check its copy) and stops being listed for the chunk;
   the reports of that pair are then spent, so a re-announced copy starts afresh.
 - Memory is bounded: a node's vouchers (and the peers it vouched for) keep the ``cap`` most
-  recent; reports are at most one per pair of nodes (plus one per reported chunk, spent at K).
+  recent; reports are at most one per pair of nodes, and at most ``MAX_CHUNK_REPORTS`` reported
+  copies are tracked at once (the least recently reported is forgotten first).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 DEFAULT_WITNESSES = 2
 DEFAULT_WINDOW = 600.0  # seconds evidence counts for
 DEFAULT_CAP = 32  # vouches remembered per node (a count past that decides nothing)
+MAX_CHUNK_REPORTS = 1 << 16  # (peer, chunk) pairs under report at once; the oldest go first
 
 
 @dataclass(frozen=True)
@@ -102,8 +104,11 @@ class Trust:
             return
         self._reports_on.add(peer, reporter, now)
         self._reports_by.add(reporter, peer, now)
-        seen = self._chunk_reports.setdefault((peer, chunk), {})
+        seen = self._chunk_reports.pop((peer, chunk), {})
         seen[reporter] = now
+        self._chunk_reports[(peer, chunk)] = seen  # re-inserted: the dict's order is the age order
+        if len(self._chunk_reports) > MAX_CHUNK_REPORTS:
+            del self._chunk_reports[next(iter(self._chunk_reports))]
 
     def vouch(self, *, fetcher: str, peer: str, now: float) -> bool:
         """``fetcher`` verified a chunk from ``peer``; True when that may change a judgement."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+import pytest
+
 from ringseed.protocol import manifest, tracker, trust
 
 MiB = 1 << 20
@@ -304,3 +306,15 @@ def test_availability_stays_equal_to_a_recount_through_trust_changes() -> None:
         assert t.availability() == recount
         assert all(n in t.duty for n in t.assigned.values())
         assert not set(t.duty) & t.penalised
+
+
+def test_the_tracker_keeps_a_bounded_number_of_node_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tracker, "MAX_NODES", 3)
+    t = swarm(["a", "b"])
+    t.heartbeat(node="a", now=11.0)
+    t.purge(now=11.0)  # b departs, and is still a name the tracker keeps
+    t.register(node="c", url="http://c", session="s", now=11.1)
+    with pytest.raises(tracker.TrackerError, match="refusing a new name"):
+        t.register(node="d", url="http://d", session="s", now=11.2)
+    t.register(node="b", url="http://b", session="s2", now=11.3)  # a known name comes back
+    assert sorted(t.nodes) == ["a", "b", "c"]

@@ -168,3 +168,14 @@ def test_vouches_decay_too() -> None:
         t.report(reporter=reporter, peer="p", chunk=0, now=100.0)
     assert t.judge(now=100.0).penalised == frozenset()
     assert t.judge(now=171.0).penalised == {"p"}  # the vouches are older than the window
+
+
+def test_reported_copies_are_bounded_and_the_oldest_forgotten_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trust, "MAX_CHUNK_REPORTS", 3)
+    t = trust.Trust()
+    vouch_all(t, "p", ["v1", "v2", "v3"], now=0.0)
+    for chunk in range(5):  # chunks 0 and 1 fall out of the ledger
+        t.report(reporter="a", peer="p", chunk=chunk, now=1.0)
+    for chunk in (0, 4):
+        t.report(reporter="b", peer="p", chunk=chunk, now=2.0)
+    assert t.judge(now=2.0).suspect == {("p", 4)}

@@ -33,12 +33,13 @@ Rules:
   drops a chunk says so and stops being listed as its holder. Availability (for rarest first)
   counts holders that are not penalised.
 - Trust (:mod:`ringseed.protocol.trust`) judges from reports of bad chunks and vouches for good
-  ones, after every report, after vouches that bear on a report, and on every purge (evidence
-  decays). A penalised node is never handed out as a source (nor as a stream source), does not
-  count in availability and never holds origin duty; a node is never handed a peer it reported
-  itself. A copy that enough nodes reported bad stops being listed, and its holder is told
-  (``suspect`` in every heartbeat reply until it drops or announces the chunk again) so that it
-  checks its copy.
+  ones. Recording evidence is O(1); it is judged on the periodic pass (:meth:`Tracker.purge`,
+  every second in the master), so a flood of reports or announcements costs at most one
+  judgement per pass. A node is never handed a peer it reported itself, from the report on. A
+  penalised node is never handed out as a source (nor as a stream source), does not count in
+  availability and never holds origin duty. A copy that enough nodes reported bad stops being
+  listed, and its holder is told (``suspect`` in every heartbeat reply until it drops or
+  announces the chunk again) so that it checks its copy.
 - Origin duty goes to ``seeders`` online, unpenalised nodes, credible ones (not discredited)
   first, earliest registered first; a holder keeps its duty while it stays eligible, but a
   discredited holder gives way to a credible node. A duty holder claims chunks nobody holds;
@@ -347,7 +348,6 @@ class Tracker:
     def _add_chunks(self, node: str, items: Iterable[Announcement], *, restoring: bool, now: float) -> list[int]:
         state = self.nodes[node]
         rejected: list[int] = []
-        rejudge = False
         for item in items:
             index, digest = item[0], item[1]
             if self.layout is None or not 0 <= index < len(self.hashes):
@@ -361,7 +361,7 @@ class Tracker:
                 continue
             source = item[2] if len(item) > 2 else None
             if source is not None and source in self.holders[index]:
-                rejudge |= self.trust.vouch(fetcher=node, peer=source, now=now)
+                self.trust.vouch(fetcher=node, peer=source, now=now)
             if index not in state.have:
                 state.have.add(index)
                 state.have_bytes += self.layout.chunk_length(index)
@@ -369,8 +369,6 @@ class Tracker:
                 self.assigned.pop(index, None)
                 self._avail[index] += node not in self.penalised
                 self._changed()
-        if rejudge:
-            self._judge(now)
         return rejected
 
     def _remove_chunk(self, state: NodeState, index: int) -> None:
@@ -450,8 +448,9 @@ class Tracker:
         state.fetched_bytes = fetched
 
     def purge(self, *, now: float) -> list[str]:
-        """Drop nodes silent for longer than ``offline_after`` and let old evidence decay;
-        returns the names of the nodes dropped."""
+        """The periodic pass (the master runs it every second or more often): drop nodes silent
+        for longer than ``offline_after``, then judge the evidence gathered since the last pass
+        (and let old evidence decay); returns the names of the nodes dropped."""
         gone = [n for n, s in self.nodes.items() if now - s.last_seen > self.offline_after]
         for name in gone:
             state = self.nodes.pop(name)
@@ -478,7 +477,15 @@ class Tracker:
         return now - state.last_seen <= self.offline_after and state.name not in self.penalised
 
     def _refresh_duty(self, now: float) -> None:
-        """Keep ``seeders`` eligible duty holders, credible first; leavers lose their assignments."""
+        """Keep ``seeders`` eligible duty holders, credible first; leavers lose their assignments.
+
+        Cheap while every seat holds an eligible, credible node (every heartbeat calls it); the
+        full choice walks every node."""
+        kept = [n for n in self.duty if n in self.nodes and self._online(self.nodes[n], now)]
+        if len(kept) >= self.seeders and not self.discredited.intersection(kept):
+            if len(kept) < len(self.duty):
+                self._set_duty(kept)
+            return
         eligible = {n: s for n, s in self.nodes.items() if self._online(s, now)}
         credible = sum(1 for n in eligible if n not in self.discredited)
         kept = [n for n in self.duty if n in eligible and n not in self.discredited]
@@ -489,9 +496,12 @@ class Tracker:
             key=lambda s: (s.name in self.discredited, s.registered_at, s.name),
         )
         kept += [s.name for s in ranked[: max(0, self.seeders - len(kept))]]
-        self.duty = kept
-        if any(n not in kept for n in self.assigned.values()):
-            self.assigned = {i: n for i, n in self.assigned.items() if n in kept}
+        self._set_duty(kept)
+
+    def _set_duty(self, duty: list[str]) -> None:
+        if any(n not in duty for n in self.duty):  # leavers lose their open assignments at once
+            self.assigned = {i: n for i, n in self.assigned.items() if n in duty}
+        self.duty = duty
 
     # -- origin, peers, trust -----------------------------------------------------------
 
@@ -551,7 +561,6 @@ class Tracker:
         if not 0 <= chunk < len(self.holders):
             raise TrackerError(f"chunk {chunk} is out of range")
         self.trust.report(reporter=reporter, peer=peer, chunk=chunk, now=now)
-        self._judge(now)
 
     def _judge(self, now: float) -> None:
         """Apply the trust verdict: availability, suspect copies, origin duty."""

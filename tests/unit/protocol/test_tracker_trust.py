@@ -39,8 +39,11 @@ def test_a_penalised_duty_holder_loses_duty_and_assignments_at_once() -> None:
     assert t.claim_origin(node="liar", count=4, now=1.0) == [0, 1, 2, 3]
     seed(t, "liar", range(2), now=1.5)  # pulled 0 and 1, still pulling 2 and 3
     t.report(reporter="a", peer="liar", chunk=0, now=2.0)
+    t.purge(now=2.0)
     assert t.duty == ["liar"]  # one reporter is not enough
     t.report(reporter="b", peer="liar", chunk=1, now=2.1)
+    assert t.duty == ["liar"]  # evidence is judged on the periodic pass ...
+    t.purge(now=2.1)
     assert t.duty == ["a"] and t.penalised == {"liar"}
     assert t.assigned == {}  # its open assignments are released at once ...
     assert t.claim_origin(node="a", count=8, now=2.2) == list(range(8))  # ... and its copies do not count
@@ -53,8 +56,10 @@ def test_penalty_survives_reregistration_and_purge_and_reporters_count_once() ->
     t.report(reporter="a", peer="p", chunk=0, now=2.0)
     t.register(node="a", url="http://a", session="new", now=2.5)  # a re-registers ...
     t.report(reporter="a", peer="p", chunk=1, now=3.0)  # ... and reports again: still one reporter
+    t.purge(now=3.0)
     assert t.penalised == frozenset()
     t.report(reporter="b", peer="p", chunk=1, now=3.1)
+    t.purge(now=3.1)
     assert t.penalised == {"p"}
     t.register(node="p", url="http://p", session="fresh", now=4.0, chunks={i: digest(i) for i in range(8)})
     assert t.penalised == {"p"} and t.availability() == [0] * 8  # a new session clears nothing
@@ -70,6 +75,7 @@ def test_penalty_decays_and_availability_comes_back() -> None:
     seed(t, "p", range(8), now=1.0)
     for chunk, reporter in enumerate(("a", "b")):  # different chunks: no single copy is suspect
         t.report(reporter=reporter, peer="p", chunk=chunk, now=2.0)
+    t.purge(now=2.0)
     assert t.availability() == [0] * 8
     for now in (50.0, 101.0):
         for name in t.nodes:
@@ -87,10 +93,13 @@ def test_peers_that_serve_verified_chunks_shed_a_penalty() -> None:
     seed(t, "p", range(8), now=1.0)
     for reporter in ("a", "b"):
         t.report(reporter=reporter, peer="p", chunk=0, now=2.0)
+    t.purge(now=2.0)
     assert t.penalised == {"p"}
     t.heartbeat(node="c", now=3.0, chunks=[(1, None, "p")])  # c verified chunk 1 from p
+    t.purge(now=3.0)
     assert t.penalised == {"p"}
     t.heartbeat(node="d", now=3.1, chunks=[(2, None, "p")])
+    t.purge(now=3.1)
     assert t.penalised == frozenset() and t.availability()[3] == 1
 
 
@@ -101,6 +110,7 @@ def test_a_vouch_counts_only_for_a_holder_of_the_chunk() -> None:
         t.report(reporter=reporter, peer="p", chunk=0, now=2.0)
     for fetcher in ("c", "d"):  # p holds only chunk 0: claims about chunk 5 prove nothing
         t.heartbeat(node=fetcher, now=3.0, chunks=[(5, None, "p")])
+    t.purge(now=3.0)
     assert t.penalised == {"p"}
 
 
@@ -113,6 +123,7 @@ def test_faulty_receiver_never_takes_duty_over_credible_nodes() -> None:
         t.report(reporter="bad", peer=peer, chunk=0, now=2.0)
     for name in ("h2", "h3", "h4"):
         t.heartbeat(node=name, now=2.5, chunks=[(0, None, "h0"), (1, None, "h2"), (2, None, "h3")])
+    t.purge(now=2.5)
     assert t.discredited == {"bad"} and t.penalised == frozenset()
     # even with every credible node but one gone, the credible one gets the duty
     for name in ("h2", "h3", "h4", "bad"):
@@ -135,9 +146,11 @@ def test_a_discredited_duty_holder_gives_way_and_takes_duty_only_as_a_last_resor
         t.heartbeat(node=name, now=1.2, chunks=[(i, None, "bad") for i in range(4, 8)])
     for peer in ("h1", "h2"):  # bad RAM: what it receives from peers fails verification
         t.report(reporter="bad", peer=peer, chunk=4, now=2.0)
+    t.purge(now=2.0)
     assert t.duty == ["bad"]  # nothing contradicts it yet
     for fetcher in ("h3", "h4"):
         t.heartbeat(node=fetcher, now=2.1, chunks=[(4, None, "h1"), (5, None, "h2")])
+    t.purge(now=2.1)
     assert t.discredited == {"bad"}
     assert t.duty == ["h1"] and t.assigned == {}  # its open assignments went with the duty
     t.heartbeat(node="bad", now=12.0)
@@ -164,6 +177,7 @@ def test_a_chunk_reported_bad_by_enough_nodes_is_unlisted_and_its_holder_told() 
         t.heartbeat(node=fetcher, now=1.5, chunks=[(1, None, "p")])
     for reporter in ("a", "b"):  # ... but its chunk 3 is corrupt at rest
         t.report(reporter=reporter, peer="p", chunk=3, now=2.0)
+    t.purge(now=2.0)
     assert t.penalised == frozenset() and "p" not in t.holders[3]
     assert t.availability()[3] == 0
     assert t.heartbeat(node="p", now=2.1).suspect == [3]

@@ -143,10 +143,13 @@ def tracker_url() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def coordinator_url() -> Iterator[str]:
+    # Calls may be held (long polls): at most a heartbeat interval, or MAX_WAIT for rounds, which
+    # random bodies ask for. Both are short here, so that a held call never outlasts the client.
     app = coordinator.create_app(
-        token=TOKEN, heartbeat_interval=60.0, heartbeat_timeout=3600.0, optimize_topology=False, min_peers=1
+        token=TOKEN, heartbeat_interval=0.2, heartbeat_timeout=3600.0, optimize_topology=False, min_peers=1
     )
-    with served.in_thread(app) as url:
+    with pytest.MonkeyPatch.context() as patch, served.in_thread(app) as url:
+        patch.setattr(coordinator, "MAX_WAIT", 0.5)
         yield url
 
 

@@ -43,10 +43,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from ringseed.collective import listener, ops, quantize, runner, schedule, transport
+from ringseed.collective import listener, mesh, ops, quantize, runner, schedule, sequencer, small, transport
 from ringseed.protocol import frames
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class RingEngine:
         self._io_timeout = io_timeout
         self._lock = threading.Condition()
         self._epoch = -1
-        self._incoming: dict[tuple[str, int, int], socket.socket] = {}
+        self._incoming: dict[tuple[str, int, frames.Purpose, int], socket.socket] = {}
         self._outs: list[socket.socket] = []
         self._ins: list[socket.socket] = []
         self._ring: tuple[PeerAddress, ...] = ()
@@ -97,7 +98,8 @@ class RingEngine:
         self._running: runner.Run | None = None
         self._inflight: set[concurrent.futures.Future[None]] = set()
         self._crew: runner.Crew | None = None
-        self._queue = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"ringseed-op-{peer_id}")
+        self._mesh: mesh.Mesh | None = None
+        self._ops: sequencer.Sequencer | None = None
 
     # ----- lifecycle -------------------------------------------------------------------------
 
@@ -108,7 +110,7 @@ class RingEngine:
         )
         try:
             self._listener.start()
-            self._queue.submit(_nothing).result()  # the op thread starts now, never in the middle of an op
+            self._ops = sequencer.Sequencer(name=f"ringseed-op-{self.peer_id}")  # never started mid-operation
         except BaseException:
             self._listener.close()
             raise
@@ -160,10 +162,12 @@ class RingEngine:
                     log.warning("Aborted collective on %s: %s", self.peer_id, reason)
             for sock in self._outs + self._ins:
                 transport.wake(sock)
-            running = self._running
+            running, direct = self._running, self._mesh
             self._lock.notify_all()
         if running is not None:
             running.cancel(reason)
+        if direct is not None:
+            direct.abort(reason)
 
     def close(self) -> None:
         """Abort what is in flight, stop listening and drop every link; returns within about
@@ -173,7 +177,8 @@ class RingEngine:
             self._listener.close()
         with self._lock:
             inflight = list(self._inflight)
-        self._queue.shutdown(wait=False, cancel_futures=True)
+        if self._ops is not None:
+            self._ops.shutdown()
         _, stuck = concurrent.futures.wait(inflight, timeout=CLOSE_WAIT)
         if stuck:
             log.warning("Closed %s with an operation still running (stuck in a reducer?)", self.peer_id)
@@ -182,6 +187,8 @@ class RingEngine:
             for sock in self._incoming.values():
                 sock.close()
             self._incoming.clear()
+            if self._mesh is not None:
+                self._mesh.close()
 
     # ----- collectives -----------------------------------------------------------------------
 
@@ -217,7 +224,29 @@ class RingEngine:
             seg = schedule.segment_elems(length=len(array), world=world, itemsize=array.itemsize)
             return schedule.all_reduce(length=len(array), rank=rank, world=world, seg_elems=seg)
 
-        return self._submit(plan, array=array, dtype=dtype, op=op, tag=tag, quantize=quantize, reducer=reducer)
+        def inline(out: socket.socket, inp: socket.socket, rank: int, world: int) -> None:
+            small.all_reduce(
+                array,
+                out=out,
+                inp=inp,
+                rank=rank,
+                world=world,
+                op=op,
+                dtype=dtype,
+                tag=tag,
+                io_timeout=self._io_timeout,
+            )
+
+        return self._submit(
+            plan,
+            array=array,
+            dtype=dtype,
+            op=op,
+            tag=tag,
+            quantize=quantize,
+            reducer=reducer,
+            inline=inline if quantize is None else None,
+        )
 
     def reduce_scatter(
         self, array: np.ndarray, out: np.ndarray, *, op: ops.ReduceOp, tag: int, bfloat16: bool = False
@@ -259,7 +288,22 @@ class RingEngine:
             seg = schedule.segment_elems(length=len(array), world=1, itemsize=array.itemsize)
             return schedule.broadcast(length=len(array), rank=rank, world=world, root=root, seg_elems=seg)
 
-        return self._submit(plan, array=array, dtype=dtype, op=ops.ReduceOp.SUM, tag=tag, quantize=None, reducer=None)
+        def inline(out: socket.socket, inp: socket.socket, rank: int, world: int) -> None:
+            small.broadcast(
+                array,
+                out=out,
+                inp=inp,
+                rank=rank,
+                world=world,
+                root=root,
+                dtype=dtype,
+                tag=tag,
+                io_timeout=self._io_timeout,
+            )
+
+        return self._submit(
+            plan, array=array, dtype=dtype, op=ops.ReduceOp.SUM, tag=tag, quantize=None, reducer=None, inline=inline
+        )
 
     def all_gather(self, array: np.ndarray, out: np.ndarray, *, tag: int, bfloat16: bool = False) -> None:
         self.all_gather_async(array, out, tag=tag, bfloat16=bfloat16).result()
@@ -305,7 +349,83 @@ class RingEngine:
                 log.warning("Could not measure bandwidth to %s: %s", target.peer_id, exc)
         return result
 
+    def submit(self, fn: Callable[[], None], *, tag: int) -> concurrent.futures.Future[None]:
+        """Queue ``fn`` among the collectives (in order, one at a time, e.g. an operation on the
+        mesh); any exception in it aborts the engine like a failed collective does."""
+
+        def execute() -> None:
+            with self._lock:
+                if self._abort is not None:
+                    raise CollectiveAborted(self._abort)
+            self._guarded(fn, tag=tag)
+
+        return self._enqueue(execute)
+
+    def help(self, future: concurrent.futures.Future[Any]) -> None:
+        """Run queued operations on this thread until ``future`` is done or another thread runs them."""
+        if self._ops is not None:
+            self._ops.help(future)
+
+    @property
+    def direct(self) -> mesh.Mesh:
+        """The direct links of :meth:`connect_mesh` (raises before it)."""
+        if self._mesh is None:
+            raise CollectiveAborted("no direct links: call connect_mesh first")
+        return self._mesh
+
+    def connect_mesh(self, *, timeout: float = 30.0) -> mesh.Mesh:
+        """Open a direct link to every other rank of the current ring, for point-to-point messages."""
+        with self._lock:
+            ring, rank, epoch = self._ring, self._rank, self._epoch
+        deadline = time.monotonic() + timeout
+        others = [r for r in range(len(ring)) if r != rank]
+        outs: dict[int, socket.socket] = {}
+        try:
+            for r in others:
+                outs[r] = self._dial(ring[r], channel=0, deadline=deadline, purpose=frames.Purpose.DIRECT)
+            keys = [(ring[r].peer_id, epoch, frames.Purpose.DIRECT, 0) for r in others]
+            ins = dict(zip(others, self._await_incoming(keys, deadline=deadline, timeout=timeout), strict=True))
+            direct = mesh.Mesh(rank=rank, outs=outs, ins=ins, io_timeout=self._io_timeout)
+        except BaseException:
+            for sock in outs.values():
+                sock.close()
+            raise
+        with self._lock:
+            old, self._mesh = self._mesh, direct
+        if old is not None:
+            old.close()
+        return direct
+
     # ----- internals -------------------------------------------------------------------------
+
+    def _guarded(self, fn: Callable[[], None], *, tag: int) -> None:
+        """Run ``fn``; any exception aborts the engine (so the peers do not wait) and becomes CollectiveAborted."""
+        try:
+            fn()
+        except CollectiveAborted:
+            raise
+        except runner.Failed as exc:
+            raise CollectiveAborted(self._abort or str(exc)) from exc.__cause__
+        except mesh.MeshError as exc:
+            self.abort(str(exc))
+            raise CollectiveAborted(self._abort or str(exc)) from exc
+        except (OSError, frames.FrameError) as exc:
+            reason = _link_failure(exc, tag=tag)
+            self.abort(reason)
+            raise CollectiveAborted(self._abort or reason) from exc
+        except Exception as exc:  # a reducer, a copy, a plan: the peers must not wait for us
+            reason = f"{type(exc).__name__} in operation tag {tag}: {exc}"
+            self.abort(reason)
+            raise CollectiveAborted(self._abort or reason) from exc
+
+    def _enqueue(self, execute: Callable[[], None]) -> concurrent.futures.Future[None]:
+        if self._ops is None:
+            raise RuntimeError("start() the engine first")
+        future = self._ops.submit(execute)
+        with self._lock:
+            self._inflight.add(future)
+        future.add_done_callback(self._retire)
+        return future
 
     def _submit(
         self,
@@ -318,13 +438,29 @@ class RingEngine:
         quantize: str | None,
         reducer: runner.Reducer | None,
         after: Callable[[int], None] | None = None,
+        inline: Callable[[socket.socket, socket.socket, int, int], None] | None = None,
     ) -> concurrent.futures.Future[None]:
+        """Queue one operation: the ring ``plan``, or for a small buffer ``inline`` (out, in, rank, world)."""
+        use_inline = inline is not None and array.nbytes <= small.SMALL_BYTES
+
         def execute() -> None:
             with self._lock:
                 if self._abort is not None:
                     raise CollectiveAborted(self._abort)
                 crew, rank, world = self._crew, self._rank, self.world_size
-            try:
+                links = (self._outs[0], self._ins[0]) if self._outs else None
+            if world == 1:
+                if after is not None:
+                    after(rank)
+                return
+            if links is None or crew is None:
+                raise CollectiveAborted("no ring: call set_ring first")
+
+            def body() -> None:
+                if use_inline:
+                    assert inline is not None and links is not None
+                    inline(*links, rank, world)
+                    return
                 job = runner.Job(
                     plan=plan(rank, world),
                     array=array,
@@ -335,26 +471,14 @@ class RingEngine:
                     quantize=quantize,
                     reducer=reducer or runner.NumpyReducer(array, dtype),
                 )
-                if world > 1:
-                    if crew is None:
-                        raise CollectiveAborted("no ring: call set_ring first")
-                    self._execute(runner.Run(job, fail=self.abort), crew)
+                assert crew is not None
+                self._execute(runner.Run(job, fail=self.abort), crew)
                 if after is not None:
                     after(rank)
-            except CollectiveAborted:
-                raise
-            except runner.Failed as exc:
-                raise CollectiveAborted(self._abort or str(exc)) from exc.__cause__
-            except Exception as exc:  # planning or copying out failed: the peers must not wait for us
-                reason = f"{type(exc).__name__} in operation tag {tag}: {exc}"
-                self.abort(reason)
-                raise CollectiveAborted(self._abort or reason) from exc
 
-        future = self._queue.submit(execute)
-        with self._lock:
-            self._inflight.add(future)
-        future.add_done_callback(self._retire)
-        return future
+            self._guarded(body, tag=tag)
+
+        return self._enqueue(execute)
 
     def _retire(self, future: concurrent.futures.Future[None]) -> None:
         with self._lock:
@@ -376,12 +500,13 @@ class RingEngine:
         with self._lock:
             if hello.epoch < self._epoch:
                 return f"stale epoch {hello.epoch}, current is {self._epoch}"
-            if hello.channel >= self._channels:
+            if hello.purpose is frames.Purpose.RING and hello.channel >= self._channels:
                 return f"channel {hello.channel} out of range (connections_per_peer={self._channels})"
-            old = self._incoming.pop((hello.peer_id, hello.epoch, hello.channel), None)
+            key = (hello.peer_id, hello.epoch, hello.purpose, hello.channel)
+            old = self._incoming.pop(key, None)
             if old is not None:
                 old.close()
-            self._incoming[(hello.peer_id, hello.epoch, hello.channel)] = sock
+            self._incoming[key] = sock
             self._lock.notify_all()
         return None
 
@@ -390,20 +515,13 @@ class RingEngine:
         nxt = self._ring[(self._rank + 1) % len(self._ring)]
         prev = self._ring[(self._rank - 1) % len(self._ring)]
         outs = [self._dial(nxt, channel=c, deadline=deadline) for c in range(self._channels)]
-        with self._lock:
-            keys = [(prev.peer_id, self._epoch, c) for c in range(self._channels)]
-            while not all(k in self._incoming for k in keys):
-                left = deadline - time.monotonic()
-                if self._abort is not None:
-                    for s in outs:
-                        s.close()
-                    raise CollectiveAborted(self._abort)
-                if left <= 0:
-                    for s in outs:
-                        s.close()
-                    raise CollectiveAborted(f"{prev.peer_id!r} did not connect in {timeout} s (epoch {self._epoch})")
-                self._lock.wait(min(left, 0.5))
-            ins = [self._incoming.pop(k) for k in keys]
+        keys = [(prev.peer_id, self._epoch, frames.Purpose.RING, c) for c in range(self._channels)]
+        try:
+            ins = self._await_incoming(keys, deadline=deadline, timeout=timeout)
+        except BaseException:
+            for s in outs:
+                s.close()
+            raise
         try:
             crew = runner.Crew(outs=outs, ins=ins, name=f"ringseed-io-{self.peer_id}")
         except Exception as exc:  # a thread cannot start (a pids limit): fail here, never mid-operation
@@ -413,7 +531,24 @@ class RingEngine:
         with self._lock:
             self._outs, self._ins, self._crew = outs, ins, crew
 
-    def _dial(self, peer: PeerAddress, *, channel: int, deadline: float) -> socket.socket:
+    def _await_incoming(
+        self, keys: list[tuple[str, int, frames.Purpose, int]], *, deadline: float, timeout: float
+    ) -> list[socket.socket]:
+        """The sockets the listener keeps under ``keys``, once all arrived; abort or deadline raise."""
+        with self._lock:
+            while not all(k in self._incoming for k in keys):
+                left = deadline - time.monotonic()
+                if self._abort is not None:
+                    raise CollectiveAborted(self._abort)
+                if left <= 0:
+                    missing = sorted({k[0] for k in keys if k not in self._incoming})
+                    raise CollectiveAborted(f"{missing} did not connect in {timeout} s (epoch {self._epoch})")
+                self._lock.wait(min(left, 0.5))
+            return [self._incoming.pop(k) for k in keys]
+
+    def _dial(
+        self, peer: PeerAddress, *, channel: int, deadline: float, purpose: frames.Purpose = frames.Purpose.RING
+    ) -> socket.socket:
         while True:
             try:
                 return transport.dial(
@@ -422,7 +557,7 @@ class RingEngine:
                     token=self._token,
                     peer_id=self.peer_id,
                     epoch=self._epoch,
-                    purpose=frames.Purpose.RING,
+                    purpose=purpose,
                     channel=channel,
                     io_timeout=self._io_timeout,
                 )
@@ -457,8 +592,12 @@ def _check_quantize(mode: str, dtype: frames.DType) -> None:
     quantize.check_mode(mode, dtype)
 
 
-def _nothing() -> None:
-    return None
+def _link_failure(exc: BaseException, *, tag: int) -> str:
+    if isinstance(exc, frames.FrameError):
+        return f"malformed or unexpected frame: {exc}"
+    if isinstance(exc, TimeoutError):
+        return f"peer stalled: no data for the I/O timeout (tag {tag})"
+    return f"connection failed: {exc}"
 
 
 def _close(sock: socket.socket) -> bool:

@@ -1,7 +1,8 @@
 """Reduction operators and element types of the collective engine (numpy only, no I/O).
 
 What this module owns
-- :class:`ReduceOp` (SUM, AVG, MIN, MAX, PROD) and how each combines two buffers in place.
+- :class:`ReduceOp` (SUM, AVG, MIN, MAX, PROD, and BAND, BOR, BXOR on integers) and how each
+  combines two buffers in place.
 - The mapping between numpy dtypes and wire dtype codes (``protocol.frames.DType``).
 - bfloat16 without a numpy bfloat16: a bf16 buffer is ``uint16`` storage labelled ``DType.BF16``;
   it is widened to float32 (``u16 << 16``), combined, and narrowed back with
@@ -31,6 +32,9 @@ class ReduceOp(enum.Enum):
     MIN = "min"
     MAX = "max"
     PROD = "prod"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
 
 
 _BY_NUMPY: dict[np.dtype[np.generic], frames.DType] = {
@@ -53,7 +57,11 @@ _UFUNC: dict[ReduceOp, Callable[..., object]] = {
     ReduceOp.MIN: np.minimum,
     ReduceOp.MAX: np.maximum,
     ReduceOp.PROD: np.multiply,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
 }
+BITWISE = frozenset({ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR})
 
 
 def wire_dtype(array: np.ndarray, *, bfloat16: bool = False) -> frames.DType:
@@ -76,6 +84,8 @@ def storage_dtype(dtype: frames.DType) -> np.dtype[np.generic]:
 def check_op(op: ReduceOp, dtype: frames.DType) -> None:
     if op is ReduceOp.AVG and dtype not in FLOATING:
         raise ValueError(f"ReduceOp.AVG is defined for floating dtypes only, not {dtype.name}")
+    if op in BITWISE and dtype in FLOATING:
+        raise ValueError(f"ReduceOp.{op.name} is defined for integer dtypes only, not {dtype.name}")
 
 
 def combine(dst: np.ndarray, src: np.ndarray, *, op: ReduceOp, dtype: frames.DType) -> None:

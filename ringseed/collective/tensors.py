@@ -10,7 +10,8 @@ What this module owns
     combined into the device tensor, and the result copied back to the pinned buffer for the
     next hop); ``finish`` copies the final pinned buffer to the device.
   * bfloat16 is exposed as uint16 storage with ``bfloat16=True`` (numpy has no bfloat16).
-- :data:`TORCH_DTYPES`: the dtypes the engine carries (float32/64/16, bfloat16, int8..int64, uint8).
+- :func:`stage_bytes`: any tensor as raw bytes, for operations that only move data.
+- :data:`TORCH_DTYPES`: the dtypes the engine reduces (float32/64/16, bfloat16, int8..int64, uint8).
 
 Rules
 - The only modules that import torch are this one and ``torch_backend.py``; the engine works on
@@ -55,7 +56,7 @@ class Staged:
 def stage(tensor: torch.Tensor, *, device_reduce: bool | None = None) -> Staged:
     """Prepare ``tensor`` for the engine; ``device_reduce`` forces (or forbids) the torch reducer."""
     if tensor.dtype not in TORCH_DTYPES:
-        raise ValueError(f"ringseed collectives do not carry {tensor.dtype}")
+        raise ValueError(f"ringseed reductions do not support {tensor.dtype}")
     use_torch = tensor.is_cuda if device_reduce is None else device_reduce
     bf16 = tensor.dtype == torch.bfloat16
     if not tensor.is_cuda and not use_torch:
@@ -69,6 +70,30 @@ def stage(tensor: torch.Tensor, *, device_reduce: bool | None = None) -> Staged:
 
         return Staged(array=to_numpy(copy), bfloat16=bf16, reducer=None, finish=copy_back)
     return _stage_on_device(tensor, bf16=bf16)
+
+
+def stage_bytes(tensor: torch.Tensor) -> Staged:
+    """The tensor's bytes as a 1-D uint8 array (any dtype: nothing is reduced, only moved).
+
+    CPU contiguous: the tensor's own memory; otherwise a contiguous host copy that ``finish``
+    writes back (for CUDA through pinned memory)."""
+    flat = tensor.detach()
+    if not flat.is_cuda and flat.is_contiguous():
+        return Staged(array=_byte_view(flat), bfloat16=False, reducer=None, finish=_nothing)
+    host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=flat.is_cuda)
+    host.copy_(flat)
+
+    def copy_back() -> None:
+        tensor.detach().copy_(host)
+
+    return Staged(array=_byte_view(host), bfloat16=False, reducer=None, finish=copy_back)
+
+
+def _byte_view(contiguous: torch.Tensor) -> np.ndarray:
+    flat = contiguous.reshape(-1)
+    if flat.numel() == 0:
+        return np.zeros(0, np.uint8)
+    return flat.view(torch.uint8).numpy()
 
 
 def _stage_on_device(tensor: torch.Tensor, *, bf16: bool) -> Staged:
@@ -113,8 +138,14 @@ class TorchReducer:
             dst.mul_(incoming)
         elif op is ops.ReduceOp.MIN:
             torch.minimum(dst, incoming, out=dst)
-        else:
+        elif op is ops.ReduceOp.MAX:
             torch.maximum(dst, incoming, out=dst)
+        elif op is ops.ReduceOp.BAND:
+            dst.bitwise_and_(incoming)
+        elif op is ops.ReduceOp.BOR:
+            dst.bitwise_or_(incoming)
+        else:
+            dst.bitwise_xor_(incoming)
         self.host[start:stop].copy_(dst)
 
     def divide(self, *, start: int, stop: int, divisor: int) -> None:

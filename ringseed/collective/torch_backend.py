@@ -7,33 +7,51 @@ Usage::
     # or init_method="tcp://..." / env://, like any backend; DDP works on top.
 
 What this module owns
-- :class:`RingseedProcessGroup`, a Python ``ProcessGroup`` over one :class:`engine.RingEngine`:
-  allreduce (SUM, AVG, MIN, MAX, PROD), broadcast, allgather (also into one tensor),
-  reduce_scatter, barrier; CPU and CUDA tensors (via ``tensors.py``); async ``Work`` handles.
+- :class:`RingseedProcessGroup`: every c10d operation on CPU (and CUDA) tensors. Reductions
+  (all_reduce and its coalesced form, reduce, reduce_scatter, barrier) run on the ring engine:
+  SUM, AVG, MIN, MAX, PRODUCT, and BAND, BOR, BXOR on integers; small buffers take the engine's
+  latency path on the calling thread. Data movement (broadcast, all_gather and its forms) runs
+  on the ring as raw bytes, so any dtype (bool, complex, float8) moves. Point-to-point (send,
+  recv, recv from any source, isend/irecv, ``batch_isend_irecv``) and the rooted or personalised
+  operations (gather, scatter, all_to_all, all_to_all_single with splits, and the ``_object``
+  forms torch builds on them) run on direct links between every pair of ranks
+  (``mesh.py``). ``monitored_barrier`` names the ranks that did not arrive. Sparse tensors are
+  refused with an error naming ringseed and the operation.
 - Rendezvous through the c10d store torch passes in: each rank publishes its engine address
   under ``ringseed/addr/<rank>``; rank 0 publishes a random group token (unless
-  ``RINGSEED_TOKEN`` is set) and every rank reads it before the ring connects.
-  The engine listens on ``RINGSEED_LISTEN_HOST`` (default 127.0.0.1) and ``RINGSEED_LISTEN_PORT``
-  (default 0: any free port).
+  ``RINGSEED_TOKEN`` is set). The engine listens on ``RINGSEED_LISTEN_HOST`` (default 127.0.0.1)
+  and ``RINGSEED_LISTEN_PORT`` (default 0: any free port). A subgroup (``new_group``) is a group
+  of its own with its own engine; destroying it closes that engine.
+
+Registration: torch's modern route is a ``c10d.Backend`` per device wrapped by its own
+``ProcessGroup`` (what ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` wraps). In torch 2.13 ``c10d.Backend``
+has no Python constructor (``c10d.Backend(0, 1)`` raises "No constructor defined!"; only
+``ProcessGroup`` has a Python trampoline), so a Python backend can only be a ``ProcessGroup``
+subclass, which torch uses as the group itself. DETAIL mode therefore runs (its checks in
+``distributed_c10d`` apply) without torch's collective-fingerprint wrapper; ringseed's own frame
+checks (every frame carries the operation's tag, sequence, dtype and size) catch ranks that
+issue different collectives.
 
 Fault-tolerance contract
 - None here: this is a fixed world, like Gloo. When a peer dies or stalls past the process
   group's timeout, the pending ``Work`` fails with ``CollectiveAborted`` and the group is
   unusable. For fault tolerance (votes, retry with survivors, new peers) use
   ``ringseed.collective.communicator.Communicator`` instead.
-- Operations must be issued in the same order on every rank (as torch requires anyway); each
+- Collectives must be issued in the same order on every rank (as torch requires anyway); each
   gets the next tag, and a rank that diverges fails with a tag mismatch instead of mixing data.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime
 import functools
 import json
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,7 +60,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
-from ringseed.collective import engine, ops, tensors
+from ringseed.collective import engine, mesh, ops, tensors
 
 BACKEND = "ringseed"
 _OPS = {
@@ -51,29 +69,40 @@ _OPS = {
     dist.ReduceOp.MIN: ops.ReduceOp.MIN,
     dist.ReduceOp.MAX: ops.ReduceOp.MAX,
     dist.ReduceOp.PRODUCT: ops.ReduceOp.PROD,
+    dist.ReduceOp.BAND: ops.ReduceOp.BAND,
+    dist.ReduceOp.BOR: ops.ReduceOp.BOR,
+    dist.ReduceOp.BXOR: ops.ReduceOp.BXOR,
 }
+USER_TAGS = 1 << 62  # send/recv tags must be below; the group's own mesh messages use tags above
+_MONITOR = 1 << 63
 
 
 class Work(c10d.Work):
     """A handle on engine futures; ``finish`` runs once they all succeeded, then the torch future is set."""
 
     def __init__(
-        self, futures: Sequence[concurrent.futures.Future[None]], *, result: Any, finish: Callable[[], None]
+        self,
+        futures: Sequence[concurrent.futures.Future[Any]],
+        *,
+        result: Any,
+        finish: Callable[[], None] = lambda: None,
+        helper: engine.RingEngine | None = None,
     ) -> None:
         super().__init__()
         self._torch_future: torch.futures.Future[Any] = torch.futures.Future()
         self._done = concurrent.futures.Future[None]()
-        self._pending = len(futures)
+        self._futures = list(futures)
+        self._pending = len(self._futures)
         self._lock = threading.Lock()
         self._completing = False
-        self._result, self._finish = result, finish
-        if not futures:
+        self._result, self._finish, self._helper = result, finish, helper
+        if not self._futures:
             self._complete(None)
-        for f in futures:
+        for f in self._futures:
             f.add_done_callback(self._one_done)
 
-    def _one_done(self, future: concurrent.futures.Future[None]) -> None:
-        error = future.exception()
+    def _one_done(self, future: concurrent.futures.Future[Any]) -> None:
+        error = future.exception() if not future.cancelled() else engine.CollectiveAborted("operation cancelled")
         if error is not None:
             self._complete(error)
             return
@@ -101,7 +130,14 @@ class Work(c10d.Work):
             self._torch_future.set_exception(error)
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        self._done.result(timeout=timeout.total_seconds() if timeout else None)
+        if self._helper is not None:
+            for f in self._futures:
+                self._helper.help(f)  # a synchronous caller runs its own operation: no thread hand-off
+        seconds = timeout.total_seconds() if timeout else None
+        try:
+            self._done.result(timeout=seconds)
+        except concurrent.futures.TimeoutError:
+            raise RuntimeError(f"ringseed: Timed out waiting {seconds} s for the operation") from None
         return True
 
     def is_completed(self) -> bool:
@@ -110,89 +146,127 @@ class Work(c10d.Work):
     def is_success(self) -> bool:
         return self._done.done() and self._done.exception() is None
 
+    def exception(self) -> BaseException | None:
+        return self._done.exception() if self._done.done() else None
+
     def get_future(self) -> torch.futures.Future[Any]:
         return self._torch_future
 
+    def _source_rank(self) -> int:
+        self.wait()
+        source: int = self._futures[0].result()
+        return source
+
+    def source_rank(self) -> int:
+        return self._source_rank()
+
 
 class RingseedProcessGroup(dist.ProcessGroup):
-    """A fixed-world process group whose collectives run on a ringseed ring."""
+    """A fixed-world process group whose collectives run on a ringseed ring and direct links."""
 
     def __init__(self, *, store: c10d.Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
         super().__init__(rank, size)  # type: ignore[call-arg]  # the two-argument form for Python groups
         token = os.environ.get("RINGSEED_TOKEN") or _shared_token(store, rank=rank)
+        self._timeout = timeout.total_seconds()
         self._engine = engine.RingEngine(
             peer_id=f"rank-{rank}",
             token=token,
             host=os.environ.get("RINGSEED_LISTEN_HOST", "127.0.0.1"),
             port=int(os.environ.get("RINGSEED_LISTEN_PORT", "0")),
-            io_timeout=timeout.total_seconds(),
+            io_timeout=self._timeout,
         )
         address = self._engine.start()
-        store.set(f"ringseed/addr/{rank}", json.dumps([address.peer_id, address.host, address.port]))
-        keys = [f"ringseed/addr/{r}" for r in range(size)]
-        store.wait(keys, timeout)
-        ring = [engine.PeerAddress(*json.loads(store.get(k))) for k in keys]
-        self._engine.set_ring(ring, epoch=1, timeout=timeout.total_seconds())
+        try:
+            store.set(f"ringseed/addr/{rank}", json.dumps([address.peer_id, address.host, address.port]))
+            keys = [f"ringseed/addr/{r}" for r in range(size)]
+            store.wait(keys, timeout)
+            ring = [engine.PeerAddress(*json.loads(store.get(k))) for k in keys]
+            self._engine.set_ring(ring, epoch=1, timeout=self._timeout)
+            if size > 1:
+                self._engine.connect_mesh(timeout=self._timeout)
+        except BaseException:
+            self._engine.close()
+            raise
         self._tag = 0
+        self._monitor = 0
+        self._group_name = self._group_desc = ""
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    # torch keeps a group's name and description in its backends, and a Python group has none:
+    # without these, destroy_process_group(subgroup) fails with "ProcessGroup name not set"
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:  # type: ignore[override]  # torch types it GroupName, a str
+        return self._group_name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
 
     def _next_tag(self) -> int:
         self._tag += 1
         return self._tag
 
-    def allreduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
-        op = _OPS[opts.reduceOp.op] if opts is not None else ops.ReduceOp.SUM
-        staged = [tensors.stage(t) for t in tensor_list]
-        futures = [
-            self._engine.all_reduce_async(s.array, op=op, tag=self._next_tag(), bfloat16=s.bfloat16, reducer=s.reducer)
-            for s in staged
-        ]
-        return Work(futures, result=tensor_list, finish=_finish_all(staged))
-
-    def broadcast(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
-        root = opts.rootRank if opts is not None else 0
-        staged = [tensors.stage(t) for t in tensor_list]
-        futures = [
-            self._engine.broadcast_async(s.array, root=root, tag=self._next_tag(), bfloat16=s.bfloat16) for s in staged
-        ]
-        return Work(futures, result=tensor_list, finish=_finish_all(staged))
-
-    def allgather(  # type: ignore[override]
-        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
+    def _work(
+        self, futures: Sequence[concurrent.futures.Future[Any]], result: Any, *finishers: Callable[[], None]
     ) -> Work:
-        futures, finishers = [], []
-        for outs, tensor in zip(output_tensors, input_tensors, strict=True):
-            future, finish = self._gather(tensor, functools.partial(_scatter_into, outs=outs))
-            futures.append(future)
-            finishers.append(finish)
-        return Work(futures, result=output_tensors, finish=_run_all(finishers))
+        return Work(futures, result=result, finish=_run_all(finishers), helper=self._engine)
 
-    def _allgather_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> Work:
-        future, finish = self._gather(tensor, lambda gathered: output.detach().view(-1).copy_(gathered))
-        return Work([future], result=[output], finish=finish)
+    # ----- reductions ------------------------------------------------------------------------
 
-    def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> Work:
-        return self._allgather_base(output, tensor, opts)
+    def allreduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
+        op = _op(opts, "all_reduce")
+        staged = [tensors.stage(_dense(t, "all_reduce")) for t in tensor_list]
+        futures = [self._reduce(s, op) for s in staged]
+        return self._work(futures, tensor_list, *(s.finish for s in staged))
 
-    def _gather(
-        self, tensor: torch.Tensor, deliver: Callable[[torch.Tensor], object]
-    ) -> tuple[concurrent.futures.Future[None], Callable[[], None]]:
-        source = tensors.stage(tensor, device_reduce=False)
-        gathered = torch.empty(tensor.numel() * self.size(), dtype=tensor.dtype)
-        future = self._engine.all_gather_async(
-            source.array, tensors.to_numpy(gathered), tag=self._next_tag(), bfloat16=source.bfloat16
+    def allreduce_coalesced(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Work:
+        """One all-reduce of the tensors laid end to end (one latency, not one per tensor)."""
+        op = _op(opts, "all_reduce_coalesced")
+        if not tensor_list:
+            return self._work([], tensor_list)
+        flat = torch.cat([_dense(t, "all_reduce_coalesced").detach().reshape(-1) for t in tensor_list])
+        staged = tensors.stage(flat)
+
+        def scatter_back() -> None:
+            staged.finish()
+            offset = 0
+            for t in tensor_list:
+                t.detach().copy_(flat[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()
+
+        return self._work([self._reduce(staged, op)], tensor_list, scatter_back)
+
+    def reduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
+        """The root's tensor gets the reduction; the others' tensors are left as they were."""
+        op = _op(opts, "reduce")
+        root = opts.rootRank if opts is not None else 0
+        work = []
+        for t in tensor_list:
+            target = _dense(t, "reduce") if self.rank() == root else t.detach().clone()
+            work.append(tensors.stage(target))
+        futures = [self._reduce(s, op) for s in work]
+        return self._work(futures, tensor_list, *(s.finish for s in work if self.rank() == root))
+
+    def _reduce(self, staged: tensors.Staged, op: ops.ReduceOp) -> concurrent.futures.Future[None]:
+        return self._engine.all_reduce_async(
+            staged.array, op=op, tag=self._next_tag(), bfloat16=staged.bfloat16, reducer=staged.reducer
         )
-        return future, lambda: _ignore(deliver(gathered))
 
     def reduce_scatter(  # type: ignore[override]
         self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None
     ) -> Work:
-        op = _OPS[opts.reduceOp.op] if opts is not None else ops.ReduceOp.SUM
+        op = _op(opts, "reduce_scatter")
         futures, finishers = [], []
         for out, inputs in zip(output_tensors, input_tensors, strict=True):
-            work = torch.cat([t.detach().reshape(-1).cpu() for t in inputs])
+            work = torch.cat([_dense(t, "reduce_scatter").detach().reshape(-1).cpu() for t in inputs])
             result = torch.empty(out.numel(), dtype=out.dtype)
             futures.append(
                 self._engine.reduce_scatter_async(
@@ -204,26 +278,289 @@ class RingseedProcessGroup(dist.ProcessGroup):
                 )
             )
             finishers.append(lambda out=out, result=result: _ignore(out.detach().copy_(result.view_as(out))))
-        return Work(futures, result=output_tensors, finish=_run_all(finishers))
+        return self._work(futures, output_tensors, *finishers)
 
     def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> Work:
         return self.reduce_scatter([output], [list(tensor.reshape(self.size(), -1).unbind(0))], opts)
 
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Work:
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return _joined(works, outputs, self._engine)
+
     def barrier(self, opts: Any = None) -> Work:
         future = self._engine.all_reduce_async(np.zeros(1, np.int32), op=ops.ReduceOp.SUM, tag=self._next_tag())
-        return Work([future], result=None, finish=_run_all([]))
+        return self._work([future], None)
+
+    # ----- data movement on the ring ---------------------------------------------------------
+
+    def broadcast(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
+        root = opts.rootRank if opts is not None else 0
+        staged = [tensors.stage_bytes(_dense(t, "broadcast")) for t in tensor_list]
+        futures = [self._engine.broadcast_async(s.array, root=root, tag=self._next_tag()) for s in staged]
+        return self._work(futures, tensor_list, *(s.finish for s in staged))
+
+    def allgather(  # type: ignore[override]
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
+    ) -> Work:
+        futures, finishers = [], []
+        for outs, tensor in zip(output_tensors, input_tensors, strict=True):
+            future, finish = self._gather_all(tensor, functools.partial(_split_into, outs=outs))
+            futures.append(future)
+            finishers.append(finish)
+        return self._work(futures, output_tensors, *finishers)
+
+    def allgather_coalesced(
+        self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: Any = None
+    ) -> Work:
+        return self.allgather(output_lists, input_list, opts)
+
+    def _allgather_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> Work:
+        future, finish = self._gather_all(tensor, functools.partial(_split_into, outs=[output]))
+        return self._work([future], [output], finish)
+
+    def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> Work:
+        return self._allgather_base(output, tensor, opts)
+
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Work:
+        works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return _joined(works, outputs, self._engine)
+
+    def _gather_all(
+        self, tensor: torch.Tensor, deliver: Callable[[np.ndarray], None]
+    ) -> tuple[concurrent.futures.Future[None], Callable[[], None]]:
+        source = tensors.stage_bytes(_dense(tensor, "all_gather"))
+        gathered = np.empty(source.array.nbytes * self.size(), np.uint8)
+        future = self._engine.all_gather_async(source.array, gathered, tag=self._next_tag())
+        return future, lambda: deliver(gathered)
+
+    # ----- rooted and personalised operations on the direct links ------------------------------
+
+    def gather(  # type: ignore[override]
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
+    ) -> Work:
+        root = opts.rootRank if opts is not None else 0
+        source = tensors.stage_bytes(_dense(input_tensors[0], "gather"))
+        outs = [tensors.stage_bytes(_dense(t, "gather")) for t in output_tensors[0]] if self.rank() == root else []
+        tag = self._mesh_tag()
+
+        def run() -> None:
+            if self.rank() != root:
+                self._engine.direct.send(root, tag=tag, payload=_view(source.array))
+                return
+            receives = [self._post(r, tag, outs[r].array) for r in range(self.size()) if r != root]
+            outs[root].array[...] = source.array
+            _wait_all(receives)
+
+        return self._mesh_op(run, tag, output_tensors, *(o.finish for o in outs))
+
+    def scatter(  # type: ignore[override]
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None
+    ) -> Work:
+        root = opts.rootRank if opts is not None else 0
+        target = tensors.stage_bytes(_dense(output_tensors[0], "scatter"))
+        ins = [tensors.stage_bytes(_dense(t, "scatter")) for t in input_tensors[0]] if self.rank() == root else []
+        tag = self._mesh_tag()
+
+        def run() -> None:
+            if self.rank() != root:
+                _wait_all([self._post(root, tag, target.array)])
+                return
+            for r in range(self.size()):
+                if r != root:
+                    self._engine.direct.send(r, tag=tag, payload=_view(ins[r].array))
+            target.array[...] = ins[root].array
+
+        return self._mesh_op(run, tag, output_tensors, target.finish)
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        outs = [tensors.stage_bytes(_dense(t, "all_to_all")) for t in output_tensors]
+        ins = [tensors.stage_bytes(_dense(t, "all_to_all")) for t in input_tensors]
+        return self._exchange([o.array for o in outs], [i.array for i in ins], output_tensors, [o.finish for o in outs])
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> Work:
+        out = tensors.stage_bytes(_dense(output, "all_to_all_single"))
+        src = tensors.stage_bytes(_dense(tensor, "all_to_all_single"))
+        outs = _split_rows(out.array, output, output_split_sizes, self.size())
+        ins = _split_rows(src.array, tensor, input_split_sizes, self.size())
+        return self._exchange(outs, ins, output, [out.finish])
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> Work:
+        return self.alltoall_base(output, tensor, output_split_sizes, input_split_sizes, opts)
+
+    def _exchange(
+        self, outs: list[np.ndarray], ins: list[np.ndarray], result: Any, finishers: list[Callable[[], None]]
+    ) -> Work:
+        tag = self._mesh_tag()
+        me = self.rank()
+
+        def run() -> None:
+            receives = [self._post(r, tag, outs[r]) for r in range(self.size()) if r != me]
+            for step in range(1, self.size()):  # everyone sends to a different rank at each step
+                dst = (me + step) % self.size()
+                self._engine.direct.send(dst, tag=tag, payload=_view(ins[dst]))
+            outs[me][...] = ins[me]
+            _wait_all(receives)
+
+        return self._mesh_op(run, tag, result, *finishers)
+
+    def _mesh_tag(self) -> int:
+        return USER_TAGS | self._next_tag()
+
+    def _post(self, src: int, tag: int, array: np.ndarray) -> mesh.Receive:
+        return self._engine.direct.post(src=src, tag=tag, buffer=_view(array))
+
+    def _mesh_op(self, run: Callable[[], None], tag: int, result: Any, *finishers: Callable[[], None]) -> Work:
+        return self._work([self._engine.submit(run, tag=tag)], result, *finishers)
+
+    # ----- point to point ----------------------------------------------------------------------
+
+    def send(self, tensors_: list[torch.Tensor], dst: int, tag: int) -> Work:
+        source = tensors.stage_bytes(_dense(tensors_[0], "send"))
+        _check_tag(tag)
+        try:
+            self._engine.direct.send(dst, tag=tag, payload=_view(source.array))
+        except mesh.MeshError as exc:
+            raise engine.CollectiveAborted(f"ringseed send to rank {dst} failed: {exc}") from exc
+        return self._work([], tensors_)
+
+    def recv(self, tensors_: list[torch.Tensor], src: int, tag: int) -> Work:
+        return self._receive(tensors_, src, tag)
+
+    def recv_anysource(self, tensors_: list[torch.Tensor], tag: int) -> Work:
+        return self._receive(tensors_, None, tag)
+
+    def _receive(self, tensors_: list[torch.Tensor], src: int | None, tag: int) -> Work:
+        _check_tag(tag)
+        target = tensors.stage_bytes(_dense(tensors_[0], "recv"))
+        receive = self._engine.direct.post(src=src, tag=tag, buffer=_view(target.array))
+        return Work([receive.future], result=tensors_, finish=target.finish)
+
+    def monitored_barrier(self, timeout: datetime.timedelta | None = None, wait_all_ranks: bool = False) -> None:
+        """Rank 0 waits for every other rank until ``timeout`` and names those that did not arrive."""
+        seconds = (timeout or datetime.timedelta(seconds=self._timeout)).total_seconds()
+        deadline = time.monotonic() + seconds
+        self._monitor += 1
+        tag, me, token = _MONITOR | self._monitor, self.rank(), np.zeros(1, np.uint8)
+        direct = self._engine.direct
+        if me != 0:
+            try:
+                direct.send(0, tag=tag, payload=_view(token))
+                direct.recv(src=0, tag=tag, buffer=_view(token), timeout=mesh.deadline_left(deadline))
+            except (mesh.MeshError, TimeoutError) as exc:
+                raise RuntimeError(
+                    f"Rank {me} successfully reached monitoredBarrier, but received errors while waiting for "
+                    f"send/recv from rank 0: {exc}"
+                ) from exc
+            return
+        missing = self._missing(tag, deadline, wait_all_ranks=wait_all_ranks)
+        if missing:
+            ms = int(seconds * 1000)
+            if seconds <= 0 and not wait_all_ranks:
+                raise RuntimeError(f"Rank 0 timed out in monitoredBarrier after {ms} ms")
+            who = f"Ranks {', '.join(map(str, missing))}" if wait_all_ranks else f"Rank {missing[0]}"
+            raise RuntimeError(f"{who} failed to pass monitoredBarrier in {ms} ms")
+        for r in range(1, self.size()):
+            direct.send(r, tag=tag, payload=_view(token))
+
+    def _missing(self, tag: int, deadline: float, *, wait_all_ranks: bool) -> list[int]:
+        missing = []
+        for r in range(1, self.size()):
+            receive = self._engine.direct.post(src=r, tag=tag, buffer=_view(np.zeros(1, np.uint8)))
+            try:
+                receive.wait(mesh.deadline_left(deadline))
+            except (TimeoutError, mesh.MeshError):
+                self._engine.direct.cancel(receive)
+                missing.append(r)
+                if not wait_all_ranks:
+                    break
+        return missing
+
+    # ----- lifecycle ---------------------------------------------------------------------------
 
     def shutdown(self) -> None:
+        self._engine.close()
+
+    def abort(self) -> None:
         self._engine.close()
 
     def __del__(self) -> None:
         engine_ = getattr(self, "_engine", None)
         if engine_ is not None:
-            engine_.close()
+            with contextlib.suppress(Exception):  # interpreter shutdown: modules may be gone, stay quiet
+                engine_.close()
 
 
-def _finish_all(staged: Sequence[tensors.Staged]) -> Callable[[], None]:
-    return _run_all([s.finish for s in staged])
+def _op(opts: Any, name: str) -> ops.ReduceOp:
+    if opts is None:
+        return ops.ReduceOp.SUM
+    try:
+        return _OPS[opts.reduceOp.op]
+    except KeyError:
+        raise ValueError(f"ringseed does not support {opts.reduceOp.op} in {name}") from None
+
+
+def _dense(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    if tensor.layout is not torch.strided:
+        raise RuntimeError(f"ringseed does not support {tensor.layout} tensors ({name}); densify them first")
+    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
+
+
+def _check_tag(tag: int) -> None:
+    if not 0 <= tag < USER_TAGS:
+        raise ValueError(f"ringseed send/recv tags must be in [0, 2**62), got {tag}")
+
+
+def _view(array: np.ndarray) -> memoryview:
+    return array.data.cast("B")
+
+
+def _wait_all(receives: Sequence[mesh.Receive]) -> None:
+    for receive in receives:
+        receive.wait()
+
+
+def _split_rows(flat: np.ndarray, tensor: torch.Tensor, sizes: list[int], world: int) -> list[np.ndarray]:
+    """Byte ranges of ``tensor``'s rows split along dim 0 by ``sizes`` (equal parts when empty)."""
+    rows = tensor.shape[0] if tensor.dim() else 1
+    if not sizes:
+        if rows % world:
+            raise ValueError(f"ringseed all_to_all_single: {rows} rows do not split evenly over {world} ranks")
+        sizes = [rows // world] * world
+    row_bytes = flat.nbytes // rows if rows else 0
+    bounds = np.cumsum([0, *sizes]) * row_bytes
+    return [flat[bounds[r] : bounds[r + 1]] for r in range(world)]
+
+
+def _split_into(gathered: np.ndarray, outs: Sequence[torch.Tensor]) -> None:
+    offset = 0
+    for out in outs:
+        target = _dense(out, "all_gather").detach()
+        n = target.numel() * target.element_size()
+        source = torch.from_numpy(gathered[offset : offset + n]).view(target.dtype).view(target.shape)
+        target.copy_(source)
+        offset += n
+
+
+def _joined(works: Sequence[Work], result: Any, helper: engine.RingEngine) -> Work:
+    return Work([w._done for w in works], result=result, helper=helper)
 
 
 def _run_all(steps: Sequence[Callable[[], None]]) -> Callable[[], None]:
@@ -236,13 +573,6 @@ def _run_all(steps: Sequence[Callable[[], None]]) -> Callable[[], None]:
 
 def _ignore(_: object) -> None:
     return None
-
-
-def _scatter_into(gathered: torch.Tensor, *, outs: Sequence[torch.Tensor]) -> None:
-    offset = 0
-    for out in outs:
-        out.detach().view(-1).copy_(gathered[offset : offset + out.numel()])
-        offset += out.numel()
 
 
 def _shared_token(store: c10d.Store, *, rank: int) -> str:

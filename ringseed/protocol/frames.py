@@ -60,6 +60,7 @@ class Kind(enum.IntEnum):
     DATA = 1  # a segment of a collective
     PROBE = 2  # bandwidth probe bytes
     PROBE_ACK = 3  # the probe's receiver got every byte
+    MESSAGE = 4  # a point-to-point message on a direct link (tag: the matching key)
 
 
 class DType(enum.IntEnum):
@@ -82,6 +83,7 @@ class Purpose(enum.IntEnum):
 
     RING = 1  # carries collective frames from the dialer to its ring successor
     PROBE = 2  # one bandwidth measurement, then closed
+    DIRECT = 3  # carries point-to-point messages from the dialer to one peer (any rank, not just the successor)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -58,6 +58,9 @@ def check(results: list[np.ndarray], inputs: list[np.ndarray], *, dtype: str, op
             Op.PROD: lambda: stack.prod(axis=0, dtype=dtype),
             Op.MIN: lambda: stack.min(axis=0),
             Op.MAX: lambda: stack.max(axis=0),
+            Op.BAND: lambda: np.bitwise_and.reduce(stack, axis=0),
+            Op.BOR: lambda: np.bitwise_or.reduce(stack, axis=0),
+            Op.BXOR: lambda: np.bitwise_xor.reduce(stack, axis=0),
         }[op]()
         np.testing.assert_array_equal(got, ref)
         return
@@ -84,14 +87,20 @@ def run_all_reduce(peers: list[engine.RingEngine], inputs: list[np.ndarray], *, 
     return arrays
 
 
-# AVG is for floating dtypes only (integer AVG is refused: test_integer_avg_is_refused_before_sending)
-CASES = [(op, dtype) for op in Op for dtype in DTYPES if op is not Op.AVG or dtype in EPS]
+# AVG is for floating dtypes only, BAND/BOR/BXOR for integers (the rest is refused before sending)
+BITWISE = (Op.BAND, Op.BOR, Op.BXOR)
+CASES = [
+    (op, dtype)
+    for op in Op
+    for dtype in DTYPES
+    if (op is not Op.AVG or dtype in EPS) and (op not in BITWISE or dtype not in EPS)
+]
 
 
 @pytest.mark.parametrize(("op", "dtype"), CASES, ids=[f"{o.name}-{d}" for o, d in CASES])
 def test_all_reduce_every_op_dtype_and_awkward_size(peers: list[engine.RingEngine], op: Op, dtype: str) -> None:
     n = len(peers)
-    for length in (1, n - 1, 10007):  # one element, fewer elements than peers, a prime
+    for length in (1, n - 1, 10007, 40009):  # one element, fewer than peers, primes on both sides of SMALL_BYTES
         inputs = make_inputs(dtype, n=n, length=length, op=op, seed=length * 31 + n)
         check(run_all_reduce(peers, inputs, dtype=dtype, op=op), inputs, dtype=dtype, op=op)
 
@@ -102,9 +111,11 @@ def test_all_reduce_64_mib_float32(peers: list[engine.RingEngine]) -> None:
     check(run_all_reduce(peers, inputs, dtype="float32", op=Op.SUM), inputs, dtype="float32", op=Op.SUM)
 
 
-def test_integer_avg_is_refused_before_sending(peers: list[engine.RingEngine]) -> None:
+def test_integer_avg_and_floating_bitwise_ops_are_refused_before_sending(peers: list[engine.RingEngine]) -> None:
     with pytest.raises(ValueError, match="AVG"):
         peers[0].all_reduce(np.zeros(4, np.int32), op=Op.AVG, tag=next(_tags))
+    with pytest.raises(ValueError, match="BXOR is defined for integer dtypes only"):
+        peers[0].all_reduce(np.zeros(4, np.float32), op=Op.BXOR, tag=next(_tags))
     inputs = make_inputs("float32", n=len(peers), length=100, op=Op.SUM, seed=9)  # the ring still works
     check(run_all_reduce(peers, inputs, dtype="float32", op=Op.SUM), inputs, dtype="float32", op=Op.SUM)
 

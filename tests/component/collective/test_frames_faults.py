@@ -23,7 +23,7 @@ from ringseed.protocol import frames
 from tests.component.collective import _engine_ring
 
 TOKEN = _engine_ring.TOKEN
-LENGTH = 1000  # float32; with two peers rank 0 first receives elements [0, 500)
+LENGTH = 1 << 15  # float32, above small.SMALL_BYTES (the ring path); two peers: rank 0 first receives [0, LENGTH // 2)
 
 
 class Fault(enum.Enum):
@@ -38,7 +38,7 @@ class Fault(enum.Enum):
 
 
 def bad_frame(fault: Fault, *, tag: int) -> bytes:
-    good = frames.Header(kind=frames.Kind.DATA, dtype=frames.DType.F32, tag=tag, sequence=0, nbytes=500 * 4)
+    good = frames.Header(kind=frames.Kind.DATA, dtype=frames.DType.F32, tag=tag, sequence=0, nbytes=LENGTH // 2 * 4)
     head = frames.encode_header(good)
     if fault is Fault.BAD_MAGIC:
         return b"EVIL" + head[4:]

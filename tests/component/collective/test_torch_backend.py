@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (extra 'torch')")
 dist = pytest.importorskip("torch.distributed", reason="torch.distributed is not available")
 
-from ringseed.collective import engine, tensors  # noqa: E402
+from ringseed.collective import engine, ops, tensors  # noqa: E402
 from tests.component.collective import _engine_ring  # noqa: E402
 
 WORLD = 3
@@ -129,11 +129,14 @@ def test_every_collective_on_three_processes(tmp_path: Path) -> None:
 @pytest.mark.parametrize("op", list(engine.ReduceOp), ids=lambda o: o.name)
 def test_torch_reducer_path_matches_numpy(op: engine.ReduceOp) -> None:
     """The reducer used for CUDA tensors, exercised on CPU tensors (device_reduce=True)."""
+    bitwise = op in ops.BITWISE
     with _engine_ring.ring(3) as peers:
-        source = [inputs(r, torch.float32, n=70_007).reshape(7, 10_001) for r in range(3)]
-        for dtype in (torch.float32, torch.bfloat16):
-            ts = [s.to(dtype) for s in source]
-            stack = torch.stack([t.double() for t in ts])
+        source = [
+            (inputs(r, torch.int64, n=70_007) if bitwise else inputs(r, torch.float32, n=70_007)).reshape(7, 10_001)
+            for r in range(3)
+        ]
+        for dtype in (torch.int32, torch.int64) if bitwise else (torch.float32, torch.bfloat16):
+            ts = [s.to(dtype).clone() for s in source]  # the sources stay as they were, for the reference
             staged = [tensors.stage(t, device_reduce=True) for t in ts]
             _engine_ring.each(
                 peers,
@@ -143,6 +146,18 @@ def test_torch_reducer_path_matches_numpy(op: engine.ReduceOp) -> None:
             )
             for s in staged:
                 s.finish()
+            for t in ts:
+                assert torch.equal(t, ts[0])
+            if bitwise:
+                fold = {
+                    engine.ReduceOp.BAND: torch.bitwise_and,
+                    engine.ReduceOp.BOR: torch.bitwise_or,
+                    engine.ReduceOp.BXOR: torch.bitwise_xor,
+                }[op]
+                src = [s.to(dtype) for s in source]
+                assert torch.equal(ts[0], fold(fold(src[0], src[1]), src[2]))
+                continue
+            stack = torch.stack([s.to(dtype).double() for s in source])
             ref = {
                 engine.ReduceOp.SUM: stack.sum(0),
                 engine.ReduceOp.AVG: stack.mean(0),
@@ -151,6 +166,4 @@ def test_torch_reducer_path_matches_numpy(op: engine.ReduceOp) -> None:
                 engine.ReduceOp.PROD: stack.prod(0),
             }[op]
             tol = 1e-5 if dtype == torch.float32 else 3e-2
-            for t in ts:
-                assert torch.equal(t, ts[0])
-                torch.testing.assert_close(t.double(), ref, rtol=tol, atol=tol)
+            torch.testing.assert_close(ts[0].double(), ref, rtol=tol, atol=tol)

@@ -7,7 +7,8 @@ list and the time. No I/O, no clock. Rules:
 - The nodes that should hold the model are the DaemonSet's: ``desiredNumberScheduled`` is the
   total, the nodes its pods are bound to are the names. A node the tracker knows but the
   DaemonSet no longer wants (it left the selector, it was drained) is dropped, not counted as
-  failed. When the pods are unknown, the tracker's online nodes stand in for the names.
+  failed. When the pods are unknown (none listed, or no live one), the tracker's online nodes
+  stand in for the names; the total is still the DaemonSet's.
 - A node is ready when the tracker reports its copy verified and of the revision the swarm
   distributes (a copy of an older revision is ``StaleRevision``, never ready).
 - A node that is not ready has a reason: the tracker's (``DigestMismatch``, ``DiskFull``, ...),
@@ -118,7 +119,9 @@ def agents_of(daemonset: Mapping[str, Any] | None, pods: Sequence[Mapping[str, A
         return Agents(desired=desired, nodes=None, rolled_out=rolled_out, pod_problems={})
     live = [p for p in pods if _owned_by(p, meta.get("uid")) and _live_on_node(p)]
     problems = {str(p["spec"]["nodeName"]): w for p in live if (w := _waiting(p)) is not None}
-    nodes = frozenset(str(p["spec"]["nodeName"]) for p in live)
+    # No live pod at all tells nothing the count does not (none created yet, or an API that keeps
+    # no pods): the names are then unknown, and the tracker's online nodes stand in.
+    nodes = frozenset(str(p["spec"]["nodeName"]) for p in live) or None
     return Agents(desired=desired, nodes=nodes, rolled_out=rolled_out, pod_problems=problems)
 
 

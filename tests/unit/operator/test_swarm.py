@@ -180,4 +180,6 @@ def test_agents_of_reads_the_daemonset_controller_and_its_pods() -> None:
     rolling = {**daemonset, "status": {**daemonset["status"], "updatedNumberScheduled": 2}}
     assert swarm.agents_of(rolling, pods).rolled_out is False
     assert swarm.agents_of(daemonset, None).nodes is None
+    assert swarm.agents_of(daemonset, []).nodes is None  # no pod at all: names unknown, count known
+    assert swarm.agents_of(daemonset, []).desired == 3
     assert swarm.agents_of(None, pods) == swarm.Agents(desired=None, nodes=None, rolled_out=False, pod_problems={})

@@ -374,10 +374,11 @@ def test_pod_monitors_are_the_operators_to_make_with_their_rbac() -> None:
 
 
 def declared_metrics() -> set[str]:
-    """Every metric the code declares (``Metrics.declare("name", ...)``), with the ``ringseed_`` prefix."""
+    """Every metric the code writes (``Metrics.declare/set/inc("name", ...)``), with the ``ringseed_`` prefix."""
     names = set()
+    pattern = re.compile(r'\.(?:declare|set|inc)\(\s*"([a-z_]+)"')
     for path in (REPO / "ringseed").rglob("*.py"):
-        names.update(f"ringseed_{n}" for n in re.findall(r'\.declare\(\s*"([a-z_]+)"', path.read_text()))
+        names.update(f"ringseed_{n}" for n in pattern.findall(path.read_text()))
     return names
 
 
@@ -396,6 +397,7 @@ def test_the_grafana_dashboard_uses_only_metrics_that_exist() -> None:
         "tracker_bytes_from_origin",
         "agent_chunks_held",
         "tracker_nodes_penalised",
+        "coordinator_last_all_reduce_busbw_gbps",
     ):
         assert f"ringseed_{wanted}" in used
     assert not [d for d in render() if d["kind"] == "ConfigMap" and "ringseed.json" in d.get("data", {})]

@@ -242,8 +242,9 @@ class ChunkStore:
             raise
         return self._settle(path, ticket=ticket, sha=sha, length=length, tier=MEMORY)
 
-    def _settle(self, path: Path, *, ticket: int, sha: str, length: int, tier: tiers.Tier) -> str:
-        if self.book.fill(ticket, key=sha, size=length, evictable=False, now=time.monotonic()):
+    def _settle(self, path: Path, *, ticket: int, sha: str, length: int, tier: tiers.Tier, data: bool = False) -> str:
+        # dataset chunks are evictable at once (the source has them) and enter cold (BIP)
+        if self.book.fill(ticket, key=sha, size=length, evictable=data, now=time.monotonic(), cold=data):
             os.replace(path, self._dirs(tier) / "chunks" / sha)
             self.added.append(sha)
         else:
@@ -261,11 +262,12 @@ class ChunkStore:
         fill: Callable[[int], Awaitable[None]],
         deadline: float,
         tiers_: tuple[tiers.Tier, ...] = (MEMORY, SSD),
+        data: bool = False,
     ) -> None:
         """Make chunk ``sha`` local: reserve room, let ``fill(fd)`` write ``length`` bytes, verify, keep.
 
         ``fill`` writes the bytes to the file descriptor (any order, ``os.pwrite``); a hash
-        mismatch raises :class:`CorruptChunk` and nothing is kept.
+        mismatch raises :class:`CorruptChunk` and nothing is kept. ``data``: a dataset chunk.
         """
         if self.has(sha):
             return
@@ -284,7 +286,19 @@ class ChunkStore:
             tmp.unlink(missing_ok=True)
             self.release(grant.ticket)
             raise
-        self._settle(tmp, ticket=grant.ticket, sha=sha, length=length, tier=grant.tier)
+        self._settle(tmp, ticket=grant.ticket, sha=sha, length=length, tier=grant.tier, data=data)
+
+    async def put_bytes(self, data: bytes | bytearray, *, deadline: float) -> str:
+        """Keep a dataset chunk read from its source; returns its SHA-256 (the name it is known by)."""
+        grant = await self.reserve(len(data), tiers_=(MEMORY, SSD), deadline=deadline)
+        tmp = self._dirs(grant.tier) / "tmp" / f"source.{secrets.token_hex(6)}"
+        try:
+            sha = await asyncio.to_thread(_write_and_hash, tmp, data)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            self.release(grant.ticket)
+            raise
+        return self._settle(tmp, ticket=grant.ticket, sha=sha, length=len(data), tier=grant.tier, data=True)
 
     # -- use ---------------------------------------------------------------------------------------------
 
@@ -341,6 +355,12 @@ def _truncate_and_hash(path: Path, length: int) -> str:
     with open(path, "r+b") as f:
         f.truncate(length)
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _write_and_hash(path: Path, data: bytes | bytearray) -> str:
+    with open(path, "wb") as f:
+        f.write(data)
+    return hashlib.sha256(data).hexdigest()
 
 
 def _copy_then_rename(source: Path, tmp: Path, target: Path) -> None:

@@ -49,6 +49,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--write-deadline", type=cmdline.positive_seconds, default=120.0, help="seconds a writer waits for room"
     )
+    parser.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="NAME=URI",
+        help="a dataset read through the cache as ringseed://data/NAME/ (repeatable; s3://, http(s)://, file://)",
+    )
+    parser.add_argument(
+        "--list-ttl", type=cmdline.positive_seconds, default=300.0, help="seconds a dataset listing stays current"
+    )
+    parser.add_argument("--readahead", type=cmdline.non_negative_int, default=4, help="dataset chunks read ahead")
+    parser.add_argument("--warmup", action="store_true", help="fill the cache with the datasets at start")
+    parser.add_argument(
+        "--warmup-path", action="append", default=[], help="only warm the files under this dataset path (repeatable)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,6 +96,12 @@ def run(args: argparse.Namespace) -> int:
         problems.append(f"--chunk-size {chunk_size} must be between 5Mi (S3's smallest part) and 1Gi")
     if memory and chunk_size and memory < chunk_size:
         problems.append(f"--memory-bytes {memory} is smaller than one chunk ({chunk_size})")
+    sources = {}
+    for item in args.data:
+        name, _, uri = str(item).partition("=")
+        if not name or not uri or "/" in name or name in sources:
+            problems.append(f"--data {item!r}: expected a unique NAME=URI (NAME without '/')")
+        sources[name] = uri
     for problem in problems:
         print(f"ringseed agent --role cache: {problem}", file=sys.stderr)
     if problems or token is None:
@@ -102,6 +123,11 @@ def run(args: argparse.Namespace) -> int:
         sink=args.sink,
         persist_rate_limit=float(rate) if rate else None,
         write_deadline=args.write_deadline,
+        data_sources=sources,
+        list_ttl=args.list_ttl,
+        readahead=args.readahead,
+        warmup=args.warmup,
+        warmup_paths=tuple(args.warmup_path),
     )
 
     async def main() -> None:

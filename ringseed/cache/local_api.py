@@ -6,7 +6,7 @@ never cross it: writers fill tmpfs buffers the agent allocated (``buffers/``) an
 chunk files straight from the tiers, so the socket carries only small JSON requests.
 
 Endpoints (bearer token; errors ``{"error", "reason"}``):
-- ``GET /v1/local/info`` -> ``{node, group, chunk_size, replicas, sink}``
+- ``GET /v1/local/info`` -> ``{node, group, chunk_size, replicas, sink, data_sources: [name]}``
 - ``POST /v1/local/writes`` ``{path}`` -> ``{write_id, chunk_size, buffers}`` (path checked,
   replicas placed; ``buffers`` is the buffer directory)
 - ``POST /v1/local/writes/{id}/buffer`` -> ``{name, path, size}``: a buffer to fill (waits while
@@ -24,6 +24,12 @@ Endpoints (bearer token; errors ``{"error", "reason"}``):
 - ``POST /v1/local/open`` ``{path}`` -> ``{path, version, size, chunks}``
 - ``POST /v1/local/read`` ``{path, version, indices}`` -> ``{files: [{index, file, length}]}``:
   the chunks are local and verified, and each file stays in place for the read lease
+- Datasets (``data/<name>/...``; the SDK computes files, sizes and listings from the revision):
+  ``GET /v1/local/data/revision?source=NAME`` -> ``{source, id, revision: Revision.to_dict(), ttl,
+  lease, hold}``; ``POST /v1/local/data/chunks`` ``{source, revision, chunks: [index], release?:
+  [[revision, index]]}`` -> ``{files: [{chunk, file, length}]}``: local, verified, leased until
+  released or ``lease`` seconds (409 ``changed`` when the revision is gone). A reader keeps at most
+  ``hold`` chunk files leased and releases the ones it let go with its next request.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web as aioweb
 
 from ringseed import web
-from ringseed.cache import master_client, reads, writes
+from ringseed.cache import chunks, data, master_client, reads, writes
 from ringseed.protocol import cacheobjects as objects
 
 if TYPE_CHECKING:
@@ -55,6 +61,7 @@ _WRITE_STATUS = {
     "write_failed": 503,
     "conflict": 409,
 }
+_DATA_STATUS = {"not_found": 404, "changed": 409, "unavailable": 503, "cache_full": 507, "bad_index": 400}
 _READ_STATUS = {"not_found": 404, "unavailable": 503, "master_unavailable": 503, "cache_full": 507, "changed": 409}
 
 
@@ -74,6 +81,8 @@ def create_app(agent: CacheAgent) -> aioweb.Application:
     app.router.add_post("/v1/local/delete", _guard(api.delete))
     app.router.add_post("/v1/local/open", _guard(api.open_read))
     app.router.add_post("/v1/local/read", _guard(api.read))
+    app.router.add_get("/v1/local/data/revision", _guard(api.data_revision))
+    app.router.add_post("/v1/local/data/chunks", _guard(api.data_chunks))
     return app
 
 
@@ -91,6 +100,8 @@ def _guard(handler: Handler) -> Handler:
             raise web.problem(exc.status, exc.error or "refused", exc.reason) from exc
         except master_client.Unavailable as exc:
             raise web.problem(503, "master_unavailable", str(exc)) from exc
+        except data.DataError as exc:
+            raise web.problem(_DATA_STATUS.get(exc.code, 400), exc.code, str(exc)) from exc
 
     return guarded
 
@@ -113,6 +124,7 @@ class LocalApi:
                 "chunk_size": c.chunk_size,
                 "replicas": self.agent.replicas,
                 "sink": c.sink,
+                "data_sources": sorted(c.data_sources),
             }
         )
 
@@ -206,6 +218,47 @@ class LocalApi:
         return aioweb.json_response(
             await self.agent.master.delete(path=web.field_of(body, "path", str), recursive=recursive)
         )
+
+    async def data_revision(self, request: aioweb.Request) -> aioweb.Response:
+        dataset = self.agent.datasets.get(request.query.get("source", ""))
+        current = await dataset.revision()
+        return aioweb.json_response(
+            {
+                "source": dataset.name,
+                "id": current.id,
+                "revision": current.revision.to_dict(),
+                "ttl": self.agent.config.list_ttl,
+                "lease": self.agent.config.read_lease,
+                "hold": self.hold(),
+            }
+        )
+
+    def hold(self) -> int:
+        """How many chunk files one reader may keep leased: a quarter of the memory tier, at least one."""
+        book = self.agent.store.book
+        return max(1, book.limit(chunks.MEMORY) // max(1, self.agent.config.chunk_size) // 4)
+
+    async def data_chunks(self, request: aioweb.Request) -> aioweb.Response:
+        body = await web.read_json(request)
+        dataset = self.agent.datasets.get(web.field_of(body, "source", str))
+        rev_id = web.field_of(body, "revision", str)
+        indices = web.field_of(body, "chunks", list)
+        if len(indices) > MAX_READ_INDICES or not all(isinstance(i, int) and not isinstance(i, bool) for i in indices):
+            raise web.problem(400, "bad_indices", f"chunks must be up to {MAX_READ_INDICES} chunk numbers")
+        for old_rev, old_chunk in web.field_of(body, "release", list, required=False) or []:
+            sha = dataset.known_hash(str(old_rev), int(old_chunk))
+            if sha is not None:
+                self.agent.store.book.unlease(sha)
+                self.agent.store.changed.set()
+        files = await asyncio.gather(*(self._data_chunk(dataset, rev_id, i) for i in indices))
+        return aioweb.json_response({"files": files})
+
+    async def _data_chunk(self, dataset: data.Dataset, rev_id: str, index: int) -> dict[str, Any]:
+        while True:
+            sha = await dataset.chunk(rev_id, index)
+            with contextlib.suppress(KeyError):  # evicted between the fetch and now: fetch again
+                path = self.agent.store.lease(sha, seconds=self.agent.config.read_lease)
+                return {"chunk": index, "file": str(path), "length": self.agent.store.book.entries[sha].size}
 
     async def open_read(self, request: aioweb.Request) -> aioweb.Response:
         body = await web.read_json(request)

@@ -107,8 +107,12 @@ class MasterClient:
         body = {"node": self.node, "url": url, "session": session, "group": group, "chunks": chunks}
         return await self.call("POST", "/v1/cache/register", dict(body, free_bytes=free_bytes))
 
-    async def heartbeat(self, *, added: list[str], dropped: list[str], free_bytes: int) -> Any:
-        body = {"node": self.node, "added": added, "dropped": dropped, "free_bytes": free_bytes}
+    async def heartbeat(
+        self, *, added: list[str], dropped: list[str], free_bytes: int, data: dict[str, int] | None = None
+    ) -> Any:
+        body: dict[str, Any] = {"node": self.node, "added": added, "dropped": dropped, "free_bytes": free_bytes}
+        if data:
+            body["data"] = data
         return await self.call("POST", "/v1/cache/heartbeat", body)
 
     async def place(self, *, count: int | None = None, exclude: list[str] | None = None) -> list[dict[str, str]]:

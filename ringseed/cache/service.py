@@ -34,7 +34,7 @@ import aiohttp
 from aiohttp import web as aioweb
 
 from ringseed import web
-from ringseed.cache import chunks, local_api, master_client, peers, persist, reads, sink, writes
+from ringseed.cache import chunks, data, local_api, master_client, peers, persist, reads, sink, writes
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,11 @@ class Config:
     idle_timeout: float = 600.0
     read_lease: float = 30.0
     buffer_pool: int = 4  # writer buffers allocated ahead
+    data_sources: dict[str, str] = field(default_factory=dict)  # dataset name -> source URI
+    list_ttl: float = 300.0  # seconds a dataset listing stays current
+    readahead: int = 4  # chunks fetched ahead of a sequential reader
+    warmup: bool = False
+    warmup_paths: tuple[str, ...] = ()
 
 
 class CacheAgent:
@@ -84,6 +89,7 @@ class CacheAgent:
         self.writes = writes.Writes(self)
         self.reads = reads.Reads(self)
         self.persister = persist.Persister(self)
+        self.datasets = data.Datasets(self, config.data_sources)
         self.peer_server = peers.PeerServer(
             self.store, upload_slots=config.upload_slots, deadline=config.write_deadline
         )
@@ -91,6 +97,7 @@ class CacheAgent:
         self.heartbeat_interval = 1.0
         self.url = ""
         self.registered = asyncio.Event()
+        self.warmup: asyncio.Task[None] | None = None
         self.metrics = web.Metrics()
         self.http: aiohttp.ClientSession
         self.master: master_client.MasterClient
@@ -111,11 +118,14 @@ class CacheAgent:
                 await runner.cleanup()
             if self.sink is not None:
                 await self.sink.close()
+            await self.datasets.close()
 
     async def _work(self, stop: asyncio.Event) -> None:
         await self._register_until_done(stop)
         tasks = [asyncio.create_task(c) for c in (self._sync_loop(), self.persister.loop(), self._expire_loop())]
         tasks.append(self.store.start_pool(size=self.config.chunk_size, count=self.config.buffer_pool))
+        if self.config.warmup and self.config.data_sources:
+            self.warmup = asyncio.create_task(self.datasets.warm_up(prefixes=self.config.warmup_paths))
         stopper = asyncio.create_task(stop.wait())
         try:
             pending = {*tasks, stopper}
@@ -124,9 +134,10 @@ class CacheAgent:
                 for task in done - {stopper}:
                     task.result()
         finally:
-            for task in [*tasks, stopper]:
+            extra = [self.warmup] if self.warmup is not None else []
+            for task in [*tasks, stopper, *extra]:
                 task.cancel()
-            await asyncio.gather(*tasks, stopper, return_exceptions=True)
+            await asyncio.gather(*tasks, stopper, *extra, return_exceptions=True)
 
     async def _serve_peers(self) -> aioweb.AppRunner:
         app = web.make_app(token=self.config.token, max_body_bytes=self.config.chunk_size + (1 << 20))
@@ -183,7 +194,10 @@ class CacheAgent:
             added, dropped = self.store.take_changes()
             try:
                 reply = await self.master.heartbeat(
-                    added=added, dropped=dropped, free_bytes=self.store.book.free_bytes(now=time.monotonic())
+                    added=added,
+                    dropped=dropped,
+                    free_bytes=self.store.book.free_bytes(now=time.monotonic()),
+                    data=self.datasets.counters(),
                 )
             except master_client.UnknownNode:
                 log.info("Cache master does not know us (new leader?); registering again")
@@ -226,6 +240,10 @@ class CacheAgent:
             "received_bytes": self.peer_server.received_bytes,
             "uploaded_bytes": self.peer_server.uploaded_bytes,
             "persist": self.persister.status(),
+            "data": {
+                "counters": self.datasets.counters(),
+                "warmup": {n: [d.warm_done, d.warm_total] for n, d in self.datasets.sources.items()},
+            },
         }
 
     async def _status(self, request: aioweb.Request) -> aioweb.Response:

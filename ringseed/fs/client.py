@@ -8,6 +8,7 @@ Settings: ``RINGSEED_CACHE_SOCKET`` (default ``/run/ringseed/cache.sock``) and `
 Errors become the ``OSError`` a file API user expects, with the agent's reason as the message:
 404 -> ``FileNotFoundError``; 400 ``bad_path`` -> ``PermissionError`` (a path that leaves the
 group's tree or touches ``data/``); ``not_enough_nodes`` -> :class:`CacheUnavailable` (``EAGAIN``);
+``changed`` (a dataset's source changed under an open file) -> ``OSError(ESTALE)``;
 409 -> ``FileExistsError``; 507 -> ``OSError(ENOSPC)``;
 503 and an unreachable agent -> :class:`CacheUnavailable` (``OSError(EIO)``); others ``OSError``.
 """
@@ -49,6 +50,8 @@ def error_for(status: int, code: str, reason: str) -> OSError:
         return PermissionError(errno.EACCES, reason)
     if code == "not_enough_nodes":
         return CacheUnavailable(errno.EAGAIN, reason)
+    if code == "changed":
+        return OSError(errno.ESTALE, reason)
     if status == 409:
         return FileExistsError(errno.EEXIST, reason)
     if status == 507:

@@ -30,7 +30,7 @@ from typing import Any
 
 from fuse import FUSE, FuseOSError, Operations
 
-from ringseed.fs import files, spec
+from ringseed.fs import data, files, spec
 from ringseed.protocol import cacheobjects as objects
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class CacheOperations(Operations):  # type: ignore[misc]
 
     def __init__(self, fs: spec.RingseedFileSystem) -> None:
         self.fs = fs
-        self.handles: dict[int, files.ReadFile | files.WriteFile] = {}
+        self.handles: dict[int, files.ReadFile | files.WriteFile | data.DataFile] = {}
         self.local_dirs: set[str] = set()
         self.uid, self.gid = os.getuid(), os.getgid()
         self.started = time.time()
@@ -69,7 +69,7 @@ class CacheOperations(Operations):  # type: ignore[misc]
     def _rel(path: str) -> str:
         return path.strip("/")
 
-    def _add(self, handle: files.ReadFile | files.WriteFile) -> int:
+    def _add(self, handle: files.ReadFile | files.WriteFile | data.DataFile) -> int:
         with self._lock:
             fh = self._next
             self._next += 1
@@ -165,7 +165,7 @@ class CacheOperations(Operations):  # type: ignore[misc]
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         handle = self.handles[fh]
-        if not isinstance(handle, files.ReadFile):
+        if isinstance(handle, files.WriteFile):
             raise FuseOSError(errno.EBADF)
         out = bytearray(min(size, max(0, handle.size - offset)))
         got = handle.pread(offset, memoryview(out))

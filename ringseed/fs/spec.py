@@ -6,8 +6,9 @@ Owns the mapping of fsspec's API onto the local cache agent, so that ``fsspec.op
 
 Rules:
 - Paths: ``ringseed://a/b`` and ``a/b`` name the same object in the group's tree;
-  ``ringseed://data/...`` is the read-only dataset tree. A path that leaves the tree (``..``) is
-  refused with ``PermissionError``.
+  ``ringseed://data/<name>/...`` is the read-only dataset ``<name>`` (:mod:`ringseed.fs.data`:
+  listings and sizes come from the dataset's revision, reads from the node's cache). A path
+  that leaves the tree (``..``) is refused with ``PermissionError``.
 - Directories are implicit (a directory exists while something is below it): ``mkdir`` and
   ``makedirs`` succeed without doing anything; ``rmdir`` of a non-empty directory fails.
 - ``mv`` is one atomic rename in the master (a file or a whole directory); ``rm`` of a directory
@@ -21,13 +22,15 @@ Rules:
 from __future__ import annotations
 
 import datetime
+import errno
 from typing import Any
 
 from fsspec import AbstractFileSystem
 from fsspec.transaction import Transaction
 
 from ringseed.fs import client as client_module
-from ringseed.fs import files
+from ringseed.fs import data, files
+from ringseed.protocol import cacheobjects
 
 
 class RingseedTransaction(Transaction):  # type: ignore[misc]
@@ -75,6 +78,26 @@ class RingseedFileSystem(AbstractFileSystem):  # type: ignore[misc]
         self.client = client_module.LocalClient(socket_path=socket, token=token)
         self.readahead = readahead
         self.verify = verify
+        self._views: dict[str, data.DataView] = {}
+
+    # -- datasets (data/<name>/...) -------------------------------------------------------------
+
+    def _data(self, path: str) -> tuple[data.DataView, str] | None:
+        """``(view, path inside the dataset)`` for ``data/<name>/...``; None for ``data`` itself or other paths."""
+        if not cacheobjects.is_data(path) or path == cacheobjects.DATA_ROOT:
+            return None
+        try:
+            cacheobjects.check_path(path)
+        except cacheobjects.PathError as exc:
+            raise PermissionError(errno.EACCES, str(exc)) from None
+        _, name, *rest = path.split("/", 2)
+        view = self._views.get(name)
+        if view is None:
+            view = self._views[name] = data.DataView(self.client, name)
+        return view, (rest[0] if rest else "")
+
+    def _sources(self) -> list[str]:
+        return list(self.client.call("GET", "/v1/local/info").get("data_sources", []))
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> str:
@@ -100,14 +123,27 @@ class RingseedFileSystem(AbstractFileSystem):  # type: ignore[misc]
         }
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
-        return self._entry(self.client.call("GET", "/v1/local/stat", path=self._strip_protocol(path)))
+        clean = self._strip_protocol(path)
+        if clean == cacheobjects.DATA_ROOT:
+            return {"name": clean, "size": 0, "type": "directory"}
+        found = self._data(clean)
+        if found is not None:
+            return found[0].info(found[1])
+        return self._entry(self.client.call("GET", "/v1/local/stat", path=clean))
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         clean = self._strip_protocol(path)
-        answer = self.client.call("GET", "/v1/local/list", path=clean)
-        entries = [self._entry(dict(f, type="file")) for f in answer["files"]]
-        entries += [{"name": d, "size": 0, "type": "directory"} for d in answer["dirs"]]
-        entries.sort(key=lambda e: e["name"])
+        entries: list[dict[str, Any]]
+        found = self._data(clean)
+        if clean == cacheobjects.DATA_ROOT:
+            entries = [{"name": f"{clean}/{s}", "size": 0, "type": "directory"} for s in self._sources()]
+        elif found is not None:
+            entries = found[0].ls(found[1])
+        else:
+            answer = self.client.call("GET", "/v1/local/list", path=clean)
+            entries = [self._entry(dict(f, type="file")) for f in answer["files"]]
+            entries += [{"name": d, "size": 0, "type": "directory"} for d in answer["dirs"]]
+        entries.sort(key=lambda e: str(e["name"]))
         return entries if detail else [e["name"] for e in entries]
 
     def exists(self, path: str, **kwargs: Any) -> bool:
@@ -169,8 +205,11 @@ class RingseedFileSystem(AbstractFileSystem):  # type: ignore[misc]
         autocommit: bool = True,
         cache_options: Any = None,
         **kwargs: Any,
-    ) -> files.ReadFile | files.WriteFile:
+    ) -> files.ReadFile | files.WriteFile | data.DataFile:
         clean = self._strip_protocol(path)
+        found = self._data(clean) if mode == "rb" else None
+        if found is not None:
+            return data.DataFile(*found)
         if mode == "rb":
             return files.ReadFile(self.client, clean, readahead=self.readahead, verify=self.verify)
         if mode in ("wb", "xb"):

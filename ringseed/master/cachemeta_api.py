@@ -22,6 +22,7 @@ Agent endpoints (leader):
 - ``GET /v1/cache/object?path=P&node=N`` -> the object plus ``sources``: per chunk the online
   holders ``[[name, url]]`` other than ``N``; ``settling``: seconds during which a new leader
   still expects agents to re-register (holders may be missing until then).
+Dataset endpoints (``/v1/data/*``): :mod:`ringseed.master.cachedata`.
 Replica endpoints: ``POST /v1/replica/follow`` ``{instance, url, seq, term}`` (on the leader),
 ``POST /v1/replica/snapshot`` ``{term, leader, leader_url, snapshot}`` and
 ``POST /v1/replica/append`` ``{term, leader, leader_url, entries: [[seq, entry]]}`` (on the
@@ -37,7 +38,7 @@ from typing import Any
 from aiohttp import web as aioweb
 
 from ringseed import web
-from ringseed.master import cachemeta
+from ringseed.master import cachedata, cachemeta
 from ringseed.master import election as locks
 from ringseed.protocol import cachelog, cachenodes
 from ringseed.protocol import cacheobjects as objects
@@ -71,6 +72,7 @@ def create_app(*, token: str, lock: locks.Lock, settings: cachemeta.Settings) ->
     app.router.add_get("/v1/cache/object", _guard(api.object))
     app.router.add_get("/v1/status", _guard(api.status))
     app.router.add_get("/metrics", api.metrics.handler(api.refresh_metrics))
+    api.data = cachedata.routes(app, master, _guard)
     app.cleanup_ctx.append(cachemeta.lifecycle(master))
     return app
 
@@ -118,6 +120,7 @@ class _Api:
 
     def __init__(self, master: cachemeta.CacheMaster) -> None:
         self.master = master
+        self.data = cachedata.DataState()
         self.metrics = web.Metrics()
         self.metrics.declare("cache_master_leading", "gauge", "1 on the leader")
         self.metrics.declare("cache_master_seq", "gauge", "metadata log position")
@@ -161,6 +164,8 @@ class _Api:
     async def heartbeat(self, request: aioweb.Request) -> aioweb.Response:
         body = await web.read_json(request)
         m = self.leader
+        data = self.data.current(m)
+        data.count(_name(body), body.get("data"))
         duties = m.nodes.heartbeat(
             name=_name(body),
             now=time.monotonic(),
@@ -169,6 +174,7 @@ class _Api:
             free_bytes=_count(body, "free_bytes"),
             meta=m.meta,
             sink=m.settings.sink,
+            keep=data.flights.referenced(),
         )
         drop = [] if m.lost else duties.drop  # metadata incomplete: an "orphan" may be a lost object's
         return aioweb.json_response(
@@ -285,4 +291,7 @@ class _Api:
         return aioweb.json_response({"seq": seq})
 
     async def status(self, request: aioweb.Request) -> aioweb.Response:
-        return aioweb.json_response(self.master.status())
+        status = self.master.status()
+        if self.master.leading:
+            status["data"] = self.data.current(self.master).status(self.master)
+        return aioweb.json_response(status)

@@ -18,7 +18,8 @@ Rules:
 - Evictable chunks: a node may drop a chunk only when every object that refers to it is
   persisted (the sink has a copy). Replies carry the changes to each node's evictable set.
 - Orphans: a chunk a node holds that no object refers to for ``orphan_grace`` seconds (a write
-  that never committed, a deleted checkpoint) is listed in ``drop``.
+  that never committed, a deleted checkpoint) is listed in ``drop``; dataset chunks whose hash
+  the master learned (``keep``) are not orphans.
 """
 
 from __future__ import annotations
@@ -93,7 +94,9 @@ class Nodes:
         free_bytes: int,
         meta: cachelog.Metadata,
         sink: bool,
+        keep: frozenset[str] | set[str] = frozenset(),
     ) -> Duties:
+        """A node's news; ``keep``: chunks that are referenced although no object names them (datasets)."""
         node = self.nodes.get(name)
         if node is None:
             raise UnknownNode(f"node {name!r} is not registered (master restarted or purged it); register again")
@@ -109,7 +112,7 @@ class Nodes:
                 if not holders:
                     del self.holders[sha]
         self._add(node, added)
-        return self._duties(node, meta=meta, sink=sink, now=now)
+        return self._duties(node, meta=meta, sink=sink, now=now, keep=keep)
 
     def hold(self, name: str, chunks: Iterable[str]) -> None:
         """``name`` holds ``chunks`` now (a commit names the nodes that acknowledged them)."""
@@ -186,7 +189,9 @@ class Nodes:
 
     # -- duties --------------------------------------------------------------------------------
 
-    def _duties(self, node: CacheNode, *, meta: cachelog.Metadata, sink: bool, now: float) -> Duties:
+    def _duties(
+        self, node: CacheNode, *, meta: cachelog.Metadata, sink: bool, now: float, keep: frozenset[str] | set[str]
+    ) -> Duties:
         evictable, referenced = self._safe_sets(meta)
         held_safe = node.chunks & evictable
         add = sorted(held_safe - node.evictable)
@@ -194,7 +199,7 @@ class Nodes:
         node.evictable = held_safe
         drop = []
         for sha in node.chunks:
-            if sha in referenced:
+            if sha in referenced or sha in keep:
                 node.orphan_since.pop(sha, None)
                 continue
             since = node.orphan_since.setdefault(sha, now)

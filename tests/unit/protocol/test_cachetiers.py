@@ -108,3 +108,36 @@ def test_free_bytes_counts_free_and_evictable() -> None:
     put(book, "a", 30, evictable=True)
     put(book, "b", 30)
     assert book.free_bytes(now=0) == 100 + 100 - 60 + 30
+
+
+def epochs_hit_ratio(*, cold: bool, cache_chunks: int, dataset_chunks: int, epochs: int) -> float:
+    """Sequential epochs over a dataset through a cache: chunks found in the cache / chunks read."""
+    book = tiers.TierBook(memory_bytes=cache_chunks, ssd_bytes=0)
+    hits = reads = 0
+    now = 0.0
+    for _ in range(epochs):
+        for chunk in range(dataset_chunks):
+            now += 1
+            reads += 1
+            key = f"c{chunk}"
+            if book.get(key) is not None:
+                hits += 1
+                book.touch(key, now=now)
+                continue
+            plan = book.reserve(1, now=now)
+            if isinstance(plan, tiers.Make):
+                carry_out(book, plan)
+                plan = book.reserve(1, now=now)
+            assert isinstance(plan, tiers.Granted)
+            book.fill(plan.ticket, key=key, size=1, evictable=True, now=now, cold=cold)
+    return hits / reads
+
+
+def test_dataset_epochs_larger_than_the_cache_keep_hitting_with_bimodal_insertion() -> None:
+    lru = epochs_hit_ratio(cold=False, cache_chunks=50, dataset_chunks=100, epochs=6)
+    bip = epochs_hit_ratio(cold=True, cache_chunks=50, dataset_chunks=100, epochs=6)
+    assert lru == 0.0  # LRU evicts every chunk before its next epoch
+    assert bip > 0.35  # about cache / dataset (0.5) after the first epoch
+    fits_lru = epochs_hit_ratio(cold=False, cache_chunks=100, dataset_chunks=100, epochs=3)
+    fits_bip = epochs_hit_ratio(cold=True, cache_chunks=100, dataset_chunks=100, epochs=3)
+    assert fits_lru == fits_bip == 2 / 3  # everything cached after epoch 1 either way

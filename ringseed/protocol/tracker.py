@@ -40,12 +40,13 @@ Rules:
   availability and never holds origin duty. A copy that enough nodes reported bad stops being
   listed, and its holder is told (``suspect`` in every heartbeat reply until it drops or
   announces the chunk again) so that it checks its copy.
-- Origin duty goes to ``seeders`` online, unpenalised nodes, credible ones (not discredited)
-  first, earliest registered first; a holder keeps its duty while it stays eligible, but a
-  discredited holder gives way to a credible node. A duty holder claims chunks nobody holds;
-  each such chunk is assigned to one holder at a time, so a chunk is pulled from the origin
-  once while a copy lives inside. A node that leaves duty for any reason (purged, penalised,
-  discredited) loses its open assignments at once, so another holder pulls them. For
+- Origin duty goes to ``seeders`` online, unpenalised nodes, fit ones first (not discredited,
+  not reporting a problem that stops its pulls: ``DUTY_BLOCKERS``), earliest registered first;
+  a holder keeps its duty while it stays eligible, but an unfit holder gives way to a fit node.
+  A duty holder claims chunks nobody holds; each such chunk is assigned to one holder at a
+  time, so a chunk is pulled from the origin once while a copy lives inside. A node that leaves
+  duty for any reason (purged, penalised, unfit) loses its open assignments at once, so another
+  holder pulls them. For
   ``claim_grace`` seconds after the tracker starts no chunk is assigned: after a master
   restart, agents first get the time to re-register and re-announce what they hold, so held
   chunks are not pulled again; when the layout is first published by PUT (no agent brought
@@ -75,6 +76,7 @@ from ringseed.protocol import revision as revisions  # (``Tracker.revision`` is 
 
 MAX_CHUNKS = 1 << 21  # 2 TiB at the smallest chunk size, 128 TiB at the default
 MAX_NODES = 1 << 16  # node names the tracker keeps (registered and departed): bounded memory
+DUTY_BLOCKERS = frozenset({"DiskFull", "WriteFailed", "OriginError"})  # node problems that stop its pulls
 
 
 class TrackerError(Exception):
@@ -477,26 +479,32 @@ class Tracker:
         return now - state.last_seen <= self.offline_after and state.name not in self.penalised
 
     def _refresh_duty(self, now: float) -> None:
-        """Keep ``seeders`` eligible duty holders, credible first; leavers lose their assignments.
+        """Keep ``seeders`` eligible duty holders, fit ones first; leavers lose their assignments.
 
-        Cheap while every seat holds an eligible, credible node (every heartbeat calls it); the
-        full choice walks every node."""
+        Cheap while every seat holds an eligible, fit node (every heartbeat calls it); the full
+        choice walks every node."""
         kept = [n for n in self.duty if n in self.nodes and self._online(self.nodes[n], now)]
-        if len(kept) >= self.seeders and not self.discredited.intersection(kept):
+        if len(kept) >= self.seeders and not any(self._unfit(self.nodes[n]) for n in kept):
             if len(kept) < len(self.duty):
                 self._set_duty(kept)
             return
         eligible = {n: s for n, s in self.nodes.items() if self._online(s, now)}
-        credible = sum(1 for n in eligible if n not in self.discredited)
-        kept = [n for n in self.duty if n in eligible and n not in self.discredited]
-        doubtful = [n for n in self.duty if n in eligible and n in self.discredited]
-        kept += doubtful[: max(0, self.seeders - credible)]  # seats no credible node can take
+        fit = sum(1 for s in eligible.values() if not self._unfit(s))
+        kept = [n for n in self.duty if n in eligible and not self._unfit(eligible[n])]
+        doubtful = [n for n in self.duty if n in eligible and self._unfit(eligible[n])]
+        kept += doubtful[: max(0, self.seeders - fit)]  # seats no fit node can take
         ranked = sorted(
             (s for n, s in eligible.items() if n not in kept),
-            key=lambda s: (s.name in self.discredited, s.registered_at, s.name),
+            key=lambda s: (self._unfit(s), s.name in self.discredited, s.registered_at, s.name),
         )
         kept += [s.name for s in ranked[: max(0, self.seeders - len(kept))]]
         self._set_duty(kept)
+
+    def _unfit(self, state: NodeState) -> bool:
+        """Discredited, or reporting a problem that keeps it from pulling (full disk, failing writes
+        or origin): such a node holds origin duty only while no fit node can."""
+        impaired = state.problem is not None and state.problem.reason in DUTY_BLOCKERS
+        return state.name in self.discredited or impaired
 
     def _set_duty(self, duty: list[str]) -> None:
         if any(n not in duty for n in self.duty):  # leavers lose their open assignments at once

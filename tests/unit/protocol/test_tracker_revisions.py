@@ -80,3 +80,19 @@ def test_a_different_layout_without_duty_is_still_a_conflict() -> None:
     other = manifest.Layout.build([("b.bin", 3 * MiB, 0o644)], chunk_size=MiB)
     with pytest.raises(tracker.Conflict):
         t.publish(node="n2", layout=other, hashes=None, now=1.0)
+
+
+def test_a_node_that_cannot_pull_hands_origin_duty_to_one_that_can() -> None:
+    t = tracker.Tracker(epoch="e1", offline_after=10.0)
+    for i in range(3):
+        t.register(node=f"n{i}", url=f"http://n{i}", session="s", now=0.1 * i)
+    t.publish(node="n0", layout=rev().layout, hashes=None, now=0.5, source=rev())
+    assert t.duty == ["n0"] and t.claim_origin(node="n0", count=2, now=1.0) == [0, 1]
+    full = tracker.Problem(reason="DiskFull", message="staging is full")
+    t.heartbeat(node="n0", now=1.1, problem=full)
+    assert t.duty == ["n1"] and "n0" not in t.assigned.values()  # its assignments went with it
+    for name in ("n1", "n2"):
+        t.heartbeat(node=name, now=1.2, problem=tracker.Problem(reason="OriginError", message="403"))
+    assert len(t.duty) == 1  # nobody fit: a seat is still taken rather than left empty
+    t.heartbeat(node="n2", now=1.3, problem=None)
+    assert t.duty == ["n2"]

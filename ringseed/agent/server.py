@@ -82,17 +82,16 @@ def create_app(
     server = _ChunkServer(source, max_uploads=max_uploads, max_streams=max_streams)
     app.router.add_get("/v1/chunks/{index}", server.get_chunk)
     if control is not None:
-        app.router.add_get("/v1/status", lambda _: _status(control))
-        app.router.add_post("/v1/verify", lambda _: _verify(control))
+
+        async def status(request: aioweb.Request) -> aioweb.Response:
+            return aioweb.json_response(control.status())
+
+        async def verify(request: aioweb.Request) -> aioweb.Response:
+            return aioweb.json_response({"started": control.start_verify()}, status=202)
+
+        app.router.add_get("/v1/status", status)
+        app.router.add_post("/v1/verify", verify)
     return app
-
-
-async def _status(control: Control) -> aioweb.Response:
-    return aioweb.json_response(control.status())
-
-
-async def _verify(control: Control) -> aioweb.Response:
-    return aioweb.json_response({"started": control.start_verify()}, status=202)
 
 
 def _busy(reason: str = "upload slots are full; ask another holder") -> aioweb.Response:

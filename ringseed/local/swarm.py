@@ -29,7 +29,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +104,10 @@ class LocalSwarm:
         offline_after: float = 5.0,
         seeders: int = 1,
         manifest_uri: str | None = None,
+        agent_args: Sequence[str] = (),
     ) -> None:
         self.source = source
+        self.agent_args = list(agent_args)  # more ``ringseed agent`` options for every agent
         self.names = [f"node-{i}" for i in range(nodes)]
         self.workdir = workdir
         self.chunk_size = chunk_size
@@ -167,7 +169,8 @@ class LocalSwarm:
         return self.node_dir(name) / "cache" / MODEL[0] / MODEL[1] / "verified.journal"
 
     def start_agent(self, name: str, *, env: Mapping[str, str] | None = None, module: str = "ringseed.cli") -> None:
-        """Start agent ``name``; ``module`` is what ``python -m`` runs (a test's wrapper of ``ringseed.cli``)."""
+        """Start agent ``name``; ``module`` is what ``python -m`` runs (a test's wrapper of ``ringseed.cli``);
+        ``agent_args`` (changeable between starts) are appended to its options."""
         argv = ["agent", "--master-url", self.master_url, "--node-name", name, "--advertise-host", "127.0.0.1"]
         self.agent_ports[name] = free_port()
         argv += ["--host", "127.0.0.1", "--port", str(self.agent_ports[name]), "--source", self.source]
@@ -178,7 +181,7 @@ class LocalSwarm:
             argv += ["--origin-rate-limit", str(self.origin_rate_limit)]
         if self.manifest_uri:
             argv += ["--manifest-uri", self.manifest_uri]
-        self._spawn(name, argv, env, module=module)
+        self._spawn(name, [*argv, *self.agent_args], env, module=module)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` (SIGKILL by default) to a child's process group and reap it."""

@@ -46,8 +46,9 @@ def _errno(exc: BaseException) -> int:
 class CacheOperations(Operations):  # type: ignore[misc]
     """FUSE callbacks over one RingseedFileSystem (thread-safe: fusepy runs them on many threads)."""
 
-    def __init__(self, fs: spec.RingseedFileSystem) -> None:
+    def __init__(self, fs: spec.RingseedFileSystem, *, root: str = "") -> None:
         self.fs = fs
+        self.root = root
         self.handles: dict[int, files.ReadFile | files.WriteFile | data.DataFile] = {}
         self.local_dirs: set[str] = set()
         self.uid, self.gid = os.getuid(), os.getgid()
@@ -65,9 +66,9 @@ class CacheOperations(Operations):  # type: ignore[misc]
         except ValueError as exc:
             raise FuseOSError(errno.EINVAL) from exc
 
-    @staticmethod
-    def _rel(path: str) -> str:
-        return path.strip("/")
+    def _rel(self, path: str) -> str:
+        rel = path.strip("/")
+        return f"{self.root}/{rel}".strip("/") if self.root else rel
 
     def _add(self, handle: files.ReadFile | files.WriteFile | data.DataFile) -> int:
         with self._lock:
@@ -87,7 +88,7 @@ class CacheOperations(Operations):  # type: ignore[misc]
         handle = self.handles.get(fh) if fh is not None else None
         if isinstance(handle, files.WriteFile):
             return self._file_stat(handle.tell(), time.time(), writable=True)
-        if rel == "" or rel in self.local_dirs:
+        if rel == self.root or rel in self.local_dirs:
             return self._dir_stat()
         info = self.fs.info(rel)
         if info["type"] == "directory":
@@ -201,7 +202,7 @@ class CacheOperations(Operations):  # type: ignore[misc]
         return None  # durability comes with close (flush)
 
 
-def mount(fs: spec.RingseedFileSystem, mountpoint: str, *, foreground: bool = True) -> None:
-    """Mount ``fs`` at ``mountpoint`` until unmounted (blocks in the foreground)."""
-    FUSE(CacheOperations(fs), mountpoint, foreground=foreground, nothreads=False, big_writes=True,
+def mount(fs: spec.RingseedFileSystem, mountpoint: str, *, root: str = "", foreground: bool = True) -> None:
+    """Mount ``fs`` (its directory ``root``) at ``mountpoint`` until unmounted (blocks in the foreground)."""
+    FUSE(CacheOperations(fs, root=root), mountpoint, foreground=foreground, nothreads=False, big_writes=True,
          max_read=1 << 20, max_write=1 << 20, default_permissions=True, allow_other=os.getuid() == 0)  # fmt: skip

@@ -16,6 +16,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("mountpoint", help="an existing empty directory")
     parser.add_argument("--socket", default=None, help="the agent's Unix socket (else RINGSEED_CACHE_SOCKET)")
     parser.add_argument("--token-file", default=None, help="file holding the token (else RINGSEED_TOKEN)")
+    parser.add_argument("--root", default="", help="mount this directory of the tree (e.g. data: the datasets)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,5 +33,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"ringseed mount: {exc}", file=sys.stderr)
         return 2
     filesystem = spec.RingseedFileSystem(socket=args.socket, token=token)
-    fuse.mount(filesystem, args.mountpoint)
+    fuse.mount(filesystem, args.mountpoint, root=args.root.strip("/"))
     return 0

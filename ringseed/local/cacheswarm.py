@@ -49,6 +49,7 @@ class CacheSwarm(swarm.LocalSwarm):
         keep: int = 0,
         heartbeat_interval: float = 0.25,
         offline_after: float = 3.0,
+        data: dict[str, str] | None = None,
     ) -> None:
         super().__init__(
             source="",
@@ -64,6 +65,7 @@ class CacheSwarm(swarm.LocalSwarm):
         self.sink = sink
         self.persist_rate_limit = persist_rate_limit
         self.keep = keep
+        self.data = dict(data or {})
         self.master_ports = [swarm.free_port() for _ in range(masters)]
         self.master_urls = [f"http://127.0.0.1:{p}" for p in self.master_ports]
         self.agent_ports = {name: swarm.free_port() for name in self.names}
@@ -108,6 +110,8 @@ class CacheSwarm(swarm.LocalSwarm):
             argv += ["--sink", self.sink]
         if self.persist_rate_limit:
             argv += ["--persist-rate-limit", str(self.persist_rate_limit)]
+        for source, uri in self.data.items():
+            argv += ["--data", f"{source}={uri}"]
         self._spawn(name, argv, env, module=module)
 
     def env_for(self, name: str) -> dict[str, str]:

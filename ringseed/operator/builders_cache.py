@@ -39,6 +39,7 @@ AGENT_SUFFIX = "cache-agent"
 MEMORY_VOLUME = "ringseed-cache-memory"
 SSD_VOLUME = "ringseed-cache-ssd"
 SOCKET_VOLUME = "ringseed-cache-socket"
+DATA_MOUNT_VOLUME = "ringseed-data-mount"
 _SMALL = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}}
 
 
@@ -173,6 +174,12 @@ def agent_daemonset(
         command += ["--sink", checkpoints.sink.uri]
     if checkpoints.persist_rate_limit is not None:
         command += ["--persist-rate-limit", str(checkpoints.persist_rate_limit)]
+    if spec.data is not None:
+        for source in spec.data.sources:
+            command += ["--data", f"{source.name}={source.uri}"]
+        command += ["--list-ttl", str(max(1, spec.data.list_ttl_seconds))]
+        if spec.data.warmup:
+            command += ["--warmup", *(f"--warmup-path={p}" for p in spec.data.warmup_paths)]
     volumes = [(MEMORY_VOLUME, paths.memory), (SOCKET_VOLUME, paths.socket_dir)]
     if ssd:
         volumes.append((SSD_VOLUME, paths.ssd))
@@ -249,4 +256,39 @@ def worker_parts(
     if budgets(spec)[1]:
         mounts.append({"name": SSD_VOLUME, "mountPath": paths.ssd, "readOnly": True})
         volumes.append({"name": SSD_VOLUME, "hostPath": {"path": paths.ssd, "type": "DirectoryOrCreate"}})
+    if spec.data is not None and spec.data.mount_path:
+        mounts.append({"name": DATA_MOUNT_VOLUME, "mountPath": spec.data.mount_path, "readOnly": True,
+                       "mountPropagation": "HostToContainer"})  # fmt: skip
+        volumes.append({"name": DATA_MOUNT_VOLUME, "emptyDir": {}})
     return env, mounts, volumes
+
+
+def mount_sidecars(
+    *,
+    body: common.Body,
+    spec: types.TrainingGroupSpec,
+    config: config_module.OperatorConfig,
+    env: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """With ``data.mountPath``: a container that FUSE-mounts ``ringseed://data`` there for its pod.
+
+    The mount is made in the sidecar on an emptyDir with Bidirectional propagation (which needs a
+    privileged container: FUSE mounts are host mounts) and reaches the user's containers through
+    the same emptyDir with HostToContainer propagation (read-only). The image needs the ``fuse``
+    extra (fusepy) and libfuse2.
+    """
+    if spec.data is None or not spec.data.mount_path:
+        return []
+    _, mounts, _ = worker_parts(body=body, spec=spec, config=config)
+    own = [dict(m, mountPropagation="Bidirectional", readOnly=False) if m["name"] == DATA_MOUNT_VOLUME else dict(m)
+           for m in mounts]  # fmt: skip
+    command = ["ringseed", "mount", spec.data.mount_path, "--root", "data"]
+    sidecar = common.ringseed_container(name="ringseed-data-mount", config=config, command=command)
+    sidecar.update(
+        env=copy.deepcopy(env),
+        volumeMounts=own,
+        securityContext={"privileged": True, "runAsUser": 0, "runAsNonRoot": False},
+        resources={"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
+        lifecycle={"preStop": {"exec": {"command": ["fusermount", "-u", spec.data.mount_path]}}},
+    )
+    return [sidecar]

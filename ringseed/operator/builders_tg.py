@@ -105,6 +105,7 @@ def worker_daemonset(
         pod["nodeSelector"] = selector
     for index, container in enumerate(pod["containers"]):
         _add_to_container(container, env=env, mounts=mounts, first=index == 0)
+    pod["containers"] += builders_cache.mount_sidecars(body=body, spec=spec, config=config, env=env)
     pod["initContainers"] = [_runtime_init(config=config), *pod.get("initContainers", [])]
     pod["volumes"] = [*pod.get("volumes", []), *volumes]
     if config.image_pull_secrets:

@@ -3,7 +3,9 @@
 Owns what the operator reads from a group's cache master (``<name>-cache``, ``GET /v1/status``,
 docs/contracts.md "Node cache") and writes into the group's status:
 ``status.lastCheckpoint`` ``{name, files, bytes, copies, persisted, time}`` (null before the
-first checkpoint) and ``status.cacheMaster`` (``Leading``, ``Unreachable``). A silent cache
+first checkpoint), ``status.data`` ``{cachedBytes, totalBytes, percent, hitRatio, warmedUp}``
+(bytes some node caches, over all datasets; warmed up: every node holds every dataset) and
+``status.cacheMaster`` (``Leading``, ``NoLeader``, ``Unreachable``). A silent cache
 master leaves ``lastCheckpoint`` as it was (the checkpoint did not go away). Only called for
 groups with ``spec.checkpoints`` or ``spec.data``.
 """
@@ -43,6 +45,25 @@ def checkpoint_status(report: Mapping[str, Any] | None) -> dict[str, Any] | None
     }
 
 
+def data_status(report: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``status.data`` from the cache master's report (None when it reports no dataset yet)."""
+    data = (report or {}).get("data")
+    sources = data.get("sources") if isinstance(data, Mapping) else None
+    if not isinstance(sources, Mapping) or not sources:
+        return None
+    cached = sum(int(s.get("cached_bytes") or 0) for s in sources.values())
+    total = sum(int(s.get("total_bytes") or 0) for s in sources.values())
+    nodes = len((report or {}).get("nodes") or [])
+    ratio = data.get("hit_ratio") if isinstance(data, Mapping) else None
+    return {
+        "cachedBytes": cached,
+        "totalBytes": total,
+        "percent": int(100 * cached // max(1, total)),
+        "hitRatio": round(float(ratio), 4) if isinstance(ratio, int | float) else None,
+        "warmedUp": bool(nodes) and all(int(s.get("nodes_complete") or 0) >= nodes for s in sources.values()),
+    }
+
+
 async def status_fields(rt: runtime.Runtime, *, body: Mapping[str, Any]) -> dict[str, Any]:
     """The cache part of the group's status patch."""
     namespace, name = runtime.ident(body)
@@ -56,6 +77,9 @@ async def status_fields(rt: runtime.Runtime, *, body: Mapping[str, Any]) -> dict
     last = checkpoint_status(report)
     if last is not None:
         fields["lastCheckpoint"] = last
+    data = data_status(report)
+    if data is not None:
+        fields["data"] = data
     return fields
 
 

@@ -36,7 +36,12 @@ pytestmark = pytest.mark.skipif(_fuse_problem() is not None, reason=_fuse_proble
 def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cacheswarm.CacheSwarm]:
     # Agents run as processes: a writer that blocks in a FUSE write while holding the GIL (torch's
     # C++ file writer does) must not share a process with the agent that serves the mount.
-    local = cacheswarm.CacheSwarm(nodes=2, workdir=tmp_path_factory.mktemp("fuse-swarm"), chunk_size=8 * MiB)
+    work = tmp_path_factory.mktemp("fuse-swarm")
+    source = work / "dataset"
+    (source / "train").mkdir(parents=True)
+    for i in range(50):
+        (source / "train" / f"{i:03d}.txt").write_text(f"sample {i}\n" * (i + 1))
+    local = cacheswarm.CacheSwarm(nodes=2, workdir=work, chunk_size=8 * MiB, data={"toy": f"file://{source}"})
     try:
         local.start()
         local.wait_ready(timeout=60)
@@ -125,3 +130,13 @@ def test_torch_save_and_load_on_plain_paths(mounted: Path) -> None:
 
     back = roundtrip()
     assert torch.equal(back["w"], sd["w"])  # type: ignore[index]
+
+
+def test_datasets_are_files_under_the_mount(mounted: Path) -> None:
+    names = sorted(os.listdir(mounted / "data" / "toy" / "train"))
+    assert len(names) == 50 and names[0] == "000.txt"
+    assert (mounted / "data" / "toy" / "train" / "007.txt").read_text() == "sample 7\n" * 8
+    assert (mounted / "data" / "toy" / "train" / "049.txt").stat().st_size == len("sample 49\n") * 50
+    with pytest.raises(OSError) as caught:
+        (mounted / "data" / "toy" / "new.txt").write_text("no")
+    assert caught.value.errno in (errno.EROFS, errno.EACCES)

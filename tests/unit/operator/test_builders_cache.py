@@ -119,3 +119,59 @@ def test_bad_cache_specs_name_the_field(spec: dict[str, Any], field: str) -> Non
     with pytest.raises(validation.SpecError) as caught:
         group(**spec)
     assert caught.value.field == field
+
+
+def test_data_sources_become_agent_flags_and_a_mount_sidecar_for_the_workers() -> None:
+    body, spec = group(
+        data={"sources": [{"name": "imagenet", "uri": "s3://b/in"}], "mountPath": "/data",
+              "warmup": {"paths": ["train"]}, "listTTLSeconds": 60},
+    )  # fmt: skip
+    kinds = by_kind(builders.tg_children(body=body, spec=spec, config=CONFIG, model=None))
+    argv = kinds["DaemonSet", "train-cache-agent"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert argv[argv.index("--data") + 1] == "imagenet=s3://b/in"
+    assert argv[argv.index("--list-ttl") + 1] == "60" and "--warmup" in argv and "--warmup-path=train" in argv
+    pod = kinds["DaemonSet", "train-worker"]["spec"]["template"]["spec"]
+    user, sidecar = pod["containers"]
+    assert sidecar["command"] == ["ringseed", "mount", "/data", "--root", "data"]
+    assert sidecar["securityContext"]["privileged"] is True
+    shared = {m["mountPath"]: m for m in sidecar["volumeMounts"]}["/data"]
+    seen = {m["mountPath"]: m for m in user["volumeMounts"]}["/data"]
+    assert shared["mountPropagation"] == "Bidirectional" and seen["mountPropagation"] == "HostToContainer"
+    assert seen["name"] == shared["name"] and seen["readOnly"] is True
+    env = {e["name"] for e in sidecar["env"]}
+    assert {"RINGSEED_CACHE_SOCKET", "RINGSEED_TOKEN"} <= env
+
+
+def test_status_shows_the_data_cache_fill() -> None:
+    from ringseed.operator import caches
+
+    report = {
+        "nodes": ["a", "b"],
+        "data": {"sources": {"x": {"cached_bytes": 50, "total_bytes": 100, "nodes_complete": 1},
+                             "y": {"cached_bytes": 100, "total_bytes": 100, "nodes_complete": 2}},
+                 "hit_ratio": 0.75},
+    }  # fmt: skip
+    assert caches.data_status(report) == {
+        "cachedBytes": 150, "totalBytes": 200, "percent": 75, "hitRatio": 0.75, "warmedUp": False
+    }  # fmt: skip
+    assert caches.data_status({"data": {"sources": {}}}) is None
+
+
+def test_the_cache_status_fields_conform_to_the_crd() -> None:
+    import jsonschema
+
+    from ringseed.operator import caches
+    from tests.unit.operator.test_validate_manifests import _nullable, schema_of
+
+    report = {
+        "nodes": ["a"], "leading": True,
+        "last_checkpoint": {"name": "s", "files": 1, "bytes": 5, "copies": 2, "persisted": True, "committed_at": 1.5},
+        "data": {"sources": {"x": {"cached_bytes": 1, "total_bytes": 2, "nodes_complete": 1}}, "hit_ratio": None},
+    }  # fmt: skip
+    written = {
+        "cacheMaster": "Leading",
+        "lastCheckpoint": caches.checkpoint_status(report),
+        "data": caches.data_status(report),
+    }
+    schema = _nullable(schema_of(constants.TG_PLURAL)["properties"]["status"])
+    jsonschema.Draft7Validator(schema, format_checker=jsonschema.FormatChecker()).validate(written)

@@ -5,13 +5,20 @@ Usage::
     .venv/bin/python bench/allreduce.py                 # N = 2, 3, 4; 1, 4, 16, 64, 256 MiB
     .venv/bin/python bench/allreduce.py --quick         # N = 2, 3, 4; 1 and 16 MiB
     .venv/bin/python bench/allreduce.py --peers 4 --sizes 16,64 --no-kill
+    .venv/bin/python bench/allreduce.py --sweep --peers 2,3     # 4 B .. 256 MiB, ringseed vs Gloo
 
 Every (backend, N, size) runs in N fresh processes on 127.0.0.1 with float32 SUM; each rank
 checks its result against the known sum. Time per all-reduce is the slowest rank's median over
 ``--iters`` timed iterations after one warm-up. algbw = bytes / time; busbw = algbw * 2(N-1)/N.
 
-- ringseed: ``collective.engine.RingEngine`` (reduce-scatter + all-gather, pipelined segments).
+- ringseed: ``collective.engine.RingEngine`` (reduce-scatter + all-gather, pipelined segments;
+  below ``small.SMALL_BYTES`` the latency path on the caller's thread).
+- torch-ringseed: ``torch.distributed`` with the ``ringseed`` backend (what a training script sees).
 - gloo: ``torch.distributed`` with the Gloo backend (skipped when torch is missing).
+
+``--sweep`` measures every size from 4 B to 256 MiB in one set of processes per backend
+(torch-ringseed, gloo and the bare engine) and prints time per call, busbw and the time ratio
+ringseed/Gloo (issue 14's targets: <= 1 up to 64 KiB, busbw >= Gloo's from 1 MiB).
 - star: what a simple TCP transport does: every peer sends its whole buffer to rank 0, which
   sums and sends the result back to each peer (one thread per peer on rank 0).
 
@@ -50,7 +57,7 @@ sys.path.insert(0, str(REPO))
 MiB = 1 << 20
 
 
-def ringseed_rank(w: Worker) -> list[float]:
+def ringseed_rank(w: Worker) -> dict[int, list[float]]:
     from ringseed.collective import engine
 
     eng = engine.RingEngine(peer_id=f"r{w.rank}", token="bench", host=w.host, io_timeout=120)
@@ -59,47 +66,66 @@ def ringseed_rank(w: Worker) -> list[float]:
         w.publish(f"addr{w.rank}", [address.host, address.port])
         ring = [engine.PeerAddress(f"r{r}", *w.lookup(f"addr{r}")) for r in range(w.world)]
         eng.set_ring(ring, epoch=1, timeout=60)
-        array = np.empty(w.count, np.float32)
+        results = {}
+        for count, iters in w.plan():
+            array = np.empty(count, np.float32)
 
-        def once() -> None:
-            array.fill(w.rank + 1)
-            eng.all_reduce(array, op=engine.ReduceOp.SUM, tag=0)
+            def once(array: np.ndarray = array) -> None:
+                array.fill(w.rank + 1)
+                eng.all_reduce(array, op=engine.ReduceOp.SUM, tag=0)
 
-        return _timed(once, array=array, world=w.world, iters=w.iters, sync=lambda: eng.barrier(tag=0))
+            results[count] = _timed(once, array=array, world=w.world, iters=iters, sync=lambda: eng.barrier(tag=0))
+        return results
     finally:
         eng.close()
 
 
-def gloo_rank(w: Worker) -> list[float]:
+def _torch_rank(w: Worker, backend: str) -> dict[int, list[float]]:
     import torch
     import torch.distributed as dist
 
+    if backend == "ringseed":
+        import ringseed.collective.torch_backend  # noqa: F401  (registers the backend)
+    torch.set_num_threads(1)  # N ranks share the machine's cores; spinning intra-op threads would starve peers
     if w.rank == 0:
         with socket.socket() as s:
             s.bind((w.host, 0))
-            w.publish("gloo", [w.host, s.getsockname()[1]])
-    host, port = w.lookup("gloo")
-    dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=w.rank, world_size=w.world)
-    tensor = torch.empty(w.count, dtype=torch.float32)
-
-    def once() -> None:
-        tensor.fill_(w.rank + 1)
-        dist.all_reduce(tensor)
-
+            w.publish(backend, [w.host, s.getsockname()[1]])
+    host, port = w.lookup(backend)
+    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=w.rank, world_size=w.world)
     try:
-        return _timed(once, array=tensor.numpy(), world=w.world, iters=w.iters, sync=dist.barrier)
+        results = {}
+        for count, iters in w.plan():
+            tensor = torch.empty(count, dtype=torch.float32)
+
+            def once(tensor: torch.Tensor = tensor) -> None:
+                tensor.fill_(w.rank + 1)
+                dist.all_reduce(tensor)
+
+            results[count] = _timed(once, array=tensor.numpy(), world=w.world, iters=iters, sync=dist.barrier)
+        return results
     finally:
         dist.destroy_process_group()
 
 
-def star_rank(w: Worker) -> list[float]:
-    array = np.empty(w.count, np.float32)
+def gloo_rank(w: Worker) -> dict[int, list[float]]:
+    return _torch_rank(w, "gloo")
+
+
+def torch_ringseed_rank(w: Worker) -> dict[int, list[float]]:
+    """ringseed through torch.distributed, as a training script calls it (the sweep compares this to Gloo)."""
+    return _torch_rank(w, "ringseed")
+
+
+def star_rank(w: Worker) -> dict[int, list[float]]:
+    (count, iters), *_ = w.plan()
+    array = np.empty(count, np.float32)
     if w.rank == 0:
         server = socket.create_server((w.host, 0))
         w.publish("star", [w.host, server.getsockname()[1]])
         conns = [server.accept()[0] for _ in range(w.world - 1)]
         server.close()
-        scratch = [np.empty(w.count, np.float32) for _ in conns]
+        scratch = [np.empty(count, np.float32) for _ in conns]
         lock = threading.Lock()
 
         def once() -> None:
@@ -119,7 +145,7 @@ def star_rank(w: Worker) -> list[float]:
     for c in conns:
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
-        return _timed(once, array=array, world=w.world, iters=w.iters, sync=lambda: None)
+        return {count: _timed(once, array=array, world=w.world, iters=iters, sync=lambda: None)}
     finally:
         for c in conns:
             c.close()
@@ -165,7 +191,12 @@ def _timed(
     return times
 
 
-RUNNERS: dict[str, Callable[[Worker], list[float]]] = {"ringseed": ringseed_rank, "gloo": gloo_rank, "star": star_rank}
+RUNNERS: dict[str, Callable[[Worker], dict[int, list[float]]]] = {
+    "ringseed": ringseed_rank,
+    "torch-ringseed": torch_ringseed_rank,
+    "gloo": gloo_rank,
+    "star": star_rank,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,10 +206,12 @@ class Worker:
     backend: str
     rank: int
     world: int
-    count: int
-    iters: int
+    counts: str  # "count:iters,count:iters,..." float32 elements and timed iterations per size
     folder: Path
     host: str
+
+    def plan(self) -> list[tuple[int, int]]:
+        return [(int(c), int(i)) for c, i in (item.split(":") for item in self.counts.split(","))]
 
     def publish(self, key: str, value: Any) -> None:
         tmp = self.folder / f".{key}.tmp"
@@ -195,18 +228,10 @@ class Worker:
 
 
 def worker_main(argv: list[str]) -> int:
-    backend, rank, world, count, iters, folder, host = argv
-    w = Worker(
-        backend=backend,
-        rank=int(rank),
-        world=int(world),
-        count=int(count),
-        iters=int(iters),
-        folder=Path(folder),
-        host=host,
-    )
+    backend, rank, world, counts, folder, host = argv
+    w = Worker(backend=backend, rank=int(rank), world=int(world), counts=counts, folder=Path(folder), host=host)
     try:
-        w.publish(f"result{w.rank}", RUNNERS[backend](w))
+        w.publish(f"result{w.rank}", {str(k): v for k, v in RUNNERS[backend](w).items()})
     except BaseException as exc:
         w.publish(f"result{w.rank}", f"{type(exc).__name__}: {exc}")
         return 1
@@ -215,6 +240,12 @@ def worker_main(argv: list[str]) -> int:
 
 def measure(backend: str, *, world: int, nbytes: int, iters: int, testbed: Any = None) -> float:
     """Median over iterations of the slowest rank's time for one all-reduce, in seconds."""
+    return measure_sizes(backend, world=world, plan=[(nbytes, iters)], testbed=testbed)[nbytes]
+
+
+def measure_sizes(backend: str, *, world: int, plan: list[tuple[int, int]], testbed: Any = None) -> dict[int, float]:
+    """bytes -> median of the slowest rank's time, every size in one set of N processes."""
+    counts = ",".join(f"{max(1, nbytes // 4)}:{iters}" for nbytes, iters in plan)
     with tempfile.TemporaryDirectory(prefix="ringseed-bench-") as folder:
         procs = []
         for rank in range(world):
@@ -226,8 +257,7 @@ def measure(backend: str, *, world: int, nbytes: int, iters: int, testbed: Any =
                 backend,
                 str(rank),
                 str(world),
-                str(nbytes // 4),
-                str(iters),
+                counts,
                 folder,
                 host.address if host else "127.0.0.1",
             ]
@@ -235,7 +265,7 @@ def measure(backend: str, *, world: int, nbytes: int, iters: int, testbed: Any =
             procs.append(host.popen(args, env=env) if host else subprocess.Popen(args, env=env))
         for p in procs:
             try:
-                p.wait(timeout=600)
+                p.wait(timeout=1800)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
@@ -243,11 +273,15 @@ def measure(backend: str, *, world: int, nbytes: int, iters: int, testbed: Any =
     errors = [v for v in reports if isinstance(v, str)]
     if errors:
         raise RuntimeError(f"{backend} N={world}: {errors[0]}")
-    return float(statistics.median(max(ts) for ts in zip(*reports, strict=True)))
+    result = {}
+    for nbytes, _ in plan:
+        key = str(max(1, nbytes // 4))
+        result[nbytes] = float(statistics.median(max(ts) for ts in zip(*(r[key] for r in reports), strict=True)))
+    return result
 
 
 def _reader(folder: str) -> Worker:
-    return Worker(backend="", rank=0, world=0, count=0, iters=0, folder=Path(folder), host="")
+    return Worker(backend="", rank=0, world=0, counts="", folder=Path(folder), host="")
 
 
 def kill_row(world: int, size_mib: int) -> dict[str, Any] | None:
@@ -292,7 +326,15 @@ def main() -> int:
         "(e.g. 1gbit; needs root, ip and tc) instead of plain loopback",
     )
     parser.add_argument("--no-kill", action="store_true", help="skip the SIGKILL recovery row")
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="latency/bandwidth curve from 4 B to 256 MiB (every size in one set of processes per backend), "
+        "torch-ringseed vs gloo vs the bare engine; --peers picks N",
+    )
     args = parser.parse_args()
+    if args.sweep:
+        return sweep(peers=[int(n) for n in args.peers.split(",")], backends=args.backends)
     sizes = [int(s) for s in (args.sizes or ("1,16" if args.quick else "1,4,16,64,256")).split(",")]
     peers = [int(n) for n in args.peers.split(",")]
     backends = [b for b in args.backends.split(",") if b != "gloo" or _has_torch()]
@@ -324,6 +366,40 @@ def main() -> int:
                 f"(abort seen after {result.get('abort_seconds')}, ok={result.get('ok')})"
             )
     return 0
+
+
+SWEEP = [4 << (2 * k) for k in range(14)]  # 4 B, 16 B, ..., 64 MiB, 256 MiB
+
+
+def _sweep_iters(nbytes: int) -> int:
+    return 200 if nbytes <= 64 << 10 else 30 if nbytes <= 4 * MiB else 5 if nbytes <= 16 * MiB else 3
+
+
+def sweep(*, peers: list[int], backends: str) -> int:
+    """Latency and busbw per size, side by side; ratios against Gloo (targets in issue 14)."""
+    names = [b for b in (backends if backends != "ringseed,gloo,star" else "torch-ringseed,gloo,ringseed").split(",")]
+    names = [b for b in names if b not in ("gloo", "torch-ringseed") or _has_torch()]
+    plan = [(n, _sweep_iters(n)) for n in SWEEP]
+    for world in peers:
+        times = {b: measure_sizes(b, world=world, plan=plan) for b in names}
+        print(f"\nfloat32 SUM all-reduce, N={world}, loopback; time per call (median of the slowest rank), busbw")
+        print(f"{'size':>9} " + " ".join(f"{b + ' us':>16} {'GB/s':>6}" for b in names) + "   ringseed/gloo")
+        for nbytes, _ in plan:
+            cells = []
+            for b in names:
+                t = times[b][nbytes]
+                cells.append(f"{t * 1e6:>16.1f} {nbytes / t / 1e9 * 2 * (world - 1) / world:>6.2f}")
+            mine, gloo = times.get("torch-ringseed", {}).get(nbytes), times.get("gloo", {}).get(nbytes)
+            ratio = f"time {mine / gloo:.2f}x" if mine and gloo else "-"
+            print(f"{_size(nbytes):>9} " + " ".join(cells) + f"   {ratio}", flush=True)
+    return 0
+
+
+def _size(nbytes: int) -> str:
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
 
 
 @contextlib.contextmanager

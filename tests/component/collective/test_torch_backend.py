@@ -83,6 +83,18 @@ def check_cuda(rank: int, out_dir: Path) -> None:
     outs = [torch.empty(2, device="cuda") for _ in range(WORLD)]
     dist.all_gather(outs, torch.full((2,), float(rank), device="cuda"))
     assert [o.tolist() for o in outs] == [[float(r)] * 2 for r in range(WORLD)]
+    big = torch.full((1 << 18,), float(rank + 1), device="cuda")  # above the small-message path: GPU reduction
+    dist.all_reduce(big, op=dist.ReduceOp.MAX)
+    assert big.is_cuda and big.eq(3.0).all().item()
+    got = torch.empty(3, device="cuda")
+    works = [dist.isend(torch.full((3,), float(rank), device="cuda"), dst=(rank + 1) % WORLD)]
+    works.append(dist.irecv(got, src=(rank - 1) % WORLD))
+    for w in works:
+        w.wait()
+    assert got.tolist() == [float((rank - 1) % WORLD)] * 3
+    a2a = [torch.empty(1, device="cuda") for _ in range(WORLD)]
+    dist.all_to_all(a2a, [torch.tensor([10.0 * rank + r], device="cuda") for r in range(WORLD)])
+    assert [t.item() for t in a2a] == [10.0 * r + rank for r in range(WORLD)]
 
 
 def worker(rank: int, store_path: str, result_dir: str, job: str) -> None:

@@ -136,7 +136,7 @@ class DataFile(io.RawIOBase):
         self.mode = "rb"
         self.rev_id = rev_id
         self.size = view.entries[rel].size
-        self.segments = datasets.segments(rev.layout, rel)
+        self.segments = datasets.segments(rev.layout, view.entries[rel])  # by entry: no scan of the listing
         self.spans = cacheobjects.spans(s.length for s in self.segments)
         self._pos = 0
 
@@ -180,10 +180,22 @@ class DataFile(io.RawIOBase):
         return got
 
     def read(self, size: int | None = -1) -> bytes:
+        """``size`` bytes (all that is left by default); each piece is copied once, from the chunk file."""
         left = max(0, self.size - self._pos)
-        out = bytearray(left if size is None or size < 0 else min(size, left))
-        got = self.readinto(out)
-        return bytes(out[:got]) if got < len(out) else bytes(out)
+        want = left if size is None or size < 0 else min(size, left)
+        pieces = []
+        while want > 0:
+            at = self._pos
+            index = next(iter(cacheobjects.chunk_range(self.spans, at, at + 1)))
+            start, end = self.spans[index]
+            segment = self.segments[index]
+            piece = os.pread(self._fd(segment.chunk), min(want, end - at), segment.offset + (at - start))
+            if not piece:
+                raise OSError(errno.EIO, f"{self.path}: chunk {segment.chunk} file ended early")
+            pieces.append(piece)
+            self._pos += len(piece)
+            want -= len(piece)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def readall(self) -> bytes:
         return self.read(-1)

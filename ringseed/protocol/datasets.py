@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from ringseed.protocol import cacheobjects, manifest
 
 MAX_REVISIONS_KEPT = 4  # per source, for readers that still hold an older revision open
+POLL_SECONDS = 0.05  # a node waiting for another's source read asks again this soon
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,9 @@ class Segment:
     length: int
 
 
-def segments(layout: manifest.Layout, path: str) -> list[Segment]:
-    """The chunk slices making up file ``path`` of ``layout``, in file order (``KeyError`` if absent)."""
-    entry = next((f for f in layout.files if f.path == path), None)
+def segments(layout: manifest.Layout, path: str | manifest.FileEntry) -> list[Segment]:
+    """The chunk slices making up file ``path`` of ``layout`` (or its entry), in file order (``KeyError`` if absent)."""
+    entry = path if isinstance(path, manifest.FileEntry) else next((f for f in layout.files if f.path == path), None)
     if entry is None:
         raise KeyError(path)
     out: list[Segment] = []
@@ -127,7 +128,7 @@ class Flights:
             return Answer.PEERS, sha, 0.0
         claim = state.claims.get(chunk)
         if claim is not None and claim[0] != node and claim[1] > now:
-            return Answer.WAIT, sha, min(1.0, claim[1] - now)
+            return Answer.WAIT, sha, min(POLL_SECONDS, claim[1] - now)
         state.claims[chunk] = (node, now + self.claim_seconds)
         return Answer.FETCH, sha, 0.0
 

@@ -314,7 +314,9 @@ class RingseedProcessGroup(dist.ProcessGroup):
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: Any = None
     ) -> Work:
-        return self.allgather(output_lists, input_list, opts)
+        """``output_lists[rank][i]`` receives ``rank``'s ``input_list[i]`` (torch's layout)."""
+        per_input = [[output_lists[r][i] for r in range(self.size())] for i in range(len(input_list))]
+        return _joined([self.allgather(per_input, input_list, opts)], output_lists, self._engine)
 
     def _allgather_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> Work:
         future, finish = self._gather_all(tensor, functools.partial(_split_into, outs=[output]))
@@ -455,7 +457,7 @@ class RingseedProcessGroup(dist.ProcessGroup):
 
     def monitored_barrier(self, timeout: datetime.timedelta | None = None, wait_all_ranks: bool = False) -> None:
         """Rank 0 waits for every other rank until ``timeout`` and names those that did not arrive."""
-        seconds = (timeout or datetime.timedelta(seconds=self._timeout)).total_seconds()
+        seconds = timeout.total_seconds() if timeout is not None else self._timeout
         deadline = time.monotonic() + seconds
         self._monitor += 1
         tag, me, token = _MONITOR | self._monitor, self.rank(), np.zeros(1, np.uint8)

@@ -96,10 +96,11 @@ def coalesced_and_bitwise(rank: int, world: int) -> None:
     dist.all_reduce_coalesced([a, b])
     total = float(sum(range(world)))
     assert a.tolist() == [total] * 3 and b.tolist() == [2 * total] * 5
-    outs = [[torch.empty(2) for _ in range(world)], [torch.empty(1) for _ in range(world)]]
+    outs = [[torch.empty(2), torch.empty(1)] for _ in range(world)]  # outs[rank][i]: rank's input i
     dist.all_gather_coalesced(outs, [torch.full((2,), float(rank)), torch.full((1,), -float(rank))])
-    assert [o.tolist() for o in outs[0]] == [[float(r)] * 2 for r in range(world)]
-    assert [o.tolist() for o in outs[1]] == [[-float(r)] for r in range(world)]
+    assert [[o.tolist() for o in per_rank] for per_rank in outs] == [
+        [[float(r)] * 2, [-float(r)]] for r in range(world)
+    ]
     bits = [1 << r | 1 << 10 for r in range(world)]
     for op, fold in (
         (dist.ReduceOp.BAND, int.__and__),
@@ -148,7 +149,14 @@ def barriers_and_groups(rank: int, world: int) -> None:
             assert "successfully reached monitoredBarrier" in str(exc), exc
         else:
             raise AssertionError("monitored_barrier passed although rank 0 failed it")
-    dist.barrier()  # the late rank catches up here; every rank leaves the failed barrier behind
+    if rank == 0:  # a zero timeout fails at once, naming rank 0 itself
+        try:
+            group.monitored_barrier(datetime.timedelta(seconds=0))
+        except RuntimeError as exc:
+            assert "Rank 0 timed out in monitoredBarrier" in str(exc), exc
+        else:
+            raise AssertionError("a zero-timeout monitored_barrier passed")
+    dist.barrier()  # the late rank catches up here; every rank leaves the failed barriers behind
     sub = dist.new_group(ranks=[0, 1])
     if rank in (0, 1):
         t = torch.full((4,), float(rank + 1))

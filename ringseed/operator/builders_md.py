@@ -23,6 +23,11 @@ with only ``CAP_CHOWN`` to hand the namespace directories to uid 10001, then exi
 less than running the agent itself as root. hostPath volumes still need a namespace whose Pod
 Security level allows them (``privileged``).
 
+Sources on the node (``file://``): a file source (and a ``file://`` manifest) names a node path,
+such as a share mounted on every node; each agent may get origin duty, so every agent mounts that
+path read-only at the same path (hostPath volume ``source``, ``source-manifest``), or the agent in
+its container would find nothing there.
+
 Cleanup (``retainPolicy: Delete``): ``cleanup_daemonset`` mounts the same directories and, as uid
 10001 (which owns them), removes the model, its staging and any ``.<name>.tmp-*``/``.old-*``
 leftovers in an init container, then idles; when its pods are Ready on every node, the handler
@@ -134,6 +139,9 @@ def agent_daemonset(
     )
     prepare.update(securityContext=_root_security(add=["CHOWN"]), resources=copy.deepcopy(_SMALL), volumeMounts=mounts)
     volumes = [common.token_volume(body=body), *_hosts(paths), copy.deepcopy(common.TMP_VOLUME)]
+    for volume, path in _node_sources(spec):
+        volumes.append({"name": volume, "hostPath": {"path": path}})
+        agent["volumeMounts"].append({"name": volume, "mountPath": path, "readOnly": True})
     pod = {**common.pod_basics(config=config), **_placement(spec), "terminationGracePeriodSeconds": 30}
     pod.update(initContainers=[prepare], containers=[agent], volumes=volumes)
     return _daemonset(body=body, suffix="agent", component=constants.COMPONENT_AGENT, pod=pod)
@@ -160,6 +168,17 @@ def cleanup_daemonset(
 
 def _paths(*, body: common.Body, spec: types.ModelDistributionSpec, config: config_module.OperatorConfig) -> NodePaths:
     return node_paths(spec=spec, config=config, namespace=common.namespace_of(body), name=common.name_of(body))
+
+
+def _node_sources(spec: types.ModelDistributionSpec) -> list[tuple[str, str]]:
+    """(volume, node path) of ``file://`` sources, which agents read on their node (module docstring)."""
+    found: list[tuple[str, str]] = []
+    for volume, uri in (("source", spec.source.uri), ("source-manifest", spec.source.manifest_uri)):
+        if uri and uri.startswith("file://"):
+            path = uri.removeprefix("file://").rstrip("/") or "/"
+            if not any(path == held or path.startswith(held + "/") for _, held in found):
+                found.append((volume, path))
+    return found
 
 
 def _hosts(paths: NodePaths) -> list[dict[str, Any]]:

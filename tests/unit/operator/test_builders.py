@@ -263,6 +263,23 @@ def test_agent_mounts_only_its_namespace_and_keeps_staging_linkable() -> None:
     assert "envFrom" not in plain["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]
 
 
+def test_file_sources_are_mounted_read_only_at_their_node_path() -> None:
+    source = {"uri": "file:///srv/models/llama/", "manifestUri": "file:///srv/manifests/llama.json"}
+    pod = by_kind(builders.md_children(body=MD_BODY, spec=md(source=source), config=CFG))["DaemonSet"]
+    spec = pod["spec"]["template"]["spec"]
+    assert {"name": "source", "hostPath": {"path": "/srv/models/llama"}} in spec["volumes"]
+    assert {"name": "source-manifest", "hostPath": {"path": "/srv/manifests/llama.json"}} in spec["volumes"]
+    mounts = spec["containers"][0]["volumeMounts"]
+    assert {"name": "source", "mountPath": "/srv/models/llama", "readOnly": True} in mounts
+    assert {"name": "source-manifest", "mountPath": "/srv/manifests/llama.json", "readOnly": True} in mounts
+    inside = md(source={"uri": "file:///srv/m/", "manifestUri": "file:///srv/m/manifest.json"})
+    pod = by_kind(builders.md_children(body=MD_BODY, spec=inside, config=CFG))["DaemonSet"]
+    assert [v["name"] for v in pod["spec"]["template"]["spec"]["volumes"] if v["name"].startswith("source")] == [
+        "source"
+    ]
+    kubernetes_validate.validate(pod, "1.35.0", strict=True)
+
+
 def test_ssd_path_becomes_a_second_namespace_volume() -> None:
     spec = md(cache={"ssdPath": "/data/ringseed/nvme"})
     pod = by_kind(builders.md_children(body=MD_BODY, spec=spec, config=CFG))["DaemonSet"]["spec"]["template"]["spec"]

@@ -95,6 +95,11 @@ build() {  # target tag [podman build args...]
 }
 
 need_tools
+if [ -x .venv/bin/python ]; then
+  # The pins are the versions the tests run with: refresh them from the set-up venv, so a
+  # dependency someone added to pyproject.toml reaches the image without a manual step.
+  bash hack/lock-image-deps.sh >/dev/null
+fi
 ensure_base
 for target in $TARGETS; do
   case $target in

@@ -8,7 +8,7 @@
 # Without pins pip resolves from scratch inside the build and can backtrack for a long time
 # (measured: it walked back through botocore releases, 16 MB each, for minutes). The image build
 # runs `pip check`, so a dependency added to pyproject.toml without running this fails the build.
-# Run after changing dependencies in pyproject.toml; commit the results.
+# hack/image.sh runs this first wherever .venv exists; commit the results when they change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/python - <<'PY'

@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import secrets as secrets_lib
+import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -129,6 +130,7 @@ class Cluster:
     _session: aiohttp.ClientSession | None = None
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _stops: list[asyncio.Task[None]] = field(default_factory=list)  # pods being stopped: awaited, never cancelled
     _written: dict[str, Any] = field(default_factory=dict)
     _orphaned_since: dict[str, float] = field(default_factory=dict)
     _image_users: dict[str, str] = field(default_factory=dict)
@@ -156,8 +158,10 @@ class Cluster:
         for task in self._tasks:
             with contextlib.suppress(BaseException):
                 await task
+        await asyncio.gather(*self._stops, return_exceptions=True)
         await asyncio.gather(*(runtime.stop() for runtime in self.runtimes.values()), return_exceptions=True)
         self.runtimes.clear()
+        await asyncio.to_thread(unmount_under, self.work)
         if self._session is not None:
             await self._session.close()
 
@@ -308,7 +312,7 @@ class Cluster:
         for uid in list(self.runtimes):
             if uid not in live:
                 runtime = self.runtimes.pop(uid)
-                self._tasks.append(asyncio.create_task(self._stop(runtime, uid)))
+                self._stops.append(asyncio.create_task(self._stop(runtime, uid)))
         for uid, pod in live.items():
             if uid not in self.runtimes:
                 await self._start_pod(pod)
@@ -520,6 +524,14 @@ class Cluster:
 
     def runtime_of(self, pod: Mapping[str, Any]) -> kubelet.PodRuntime:
         return self.runtimes[pod["metadata"]["uid"]]
+
+
+def unmount_under(root: Path) -> None:
+    """Unmount whatever is still mounted below ``root`` (emptyDir tmpfs of pods cut short)."""
+    listing = subprocess.run(["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True, check=False)
+    prefix = str(root.resolve()) + "/"
+    for target in sorted((t for t in listing.stdout.split() if t.startswith(prefix)), reverse=True):
+        subprocess.run(["umount", "-l", target], capture_output=True, check=False)
 
 
 def _node(name: str, address: str) -> dict[str, Any]:

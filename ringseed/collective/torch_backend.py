@@ -556,6 +556,8 @@ def _split_into(gathered: np.ndarray, outs: Sequence[torch.Tensor]) -> None:
     for out in outs:
         target = _dense(out, "all_gather").detach()
         n = target.numel() * target.element_size()
+        if n == 0:
+            continue  # an empty tensor has nothing to receive (and its byte view cannot be reinterpreted)
         source = torch.from_numpy(gathered[offset : offset + n]).view(target.dtype).view(target.shape)
         target.copy_(source)
         offset += n

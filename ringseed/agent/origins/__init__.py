@@ -10,7 +10,8 @@ Rules:
 - Reads retry transient failures with backoff and resume; what reaches the caller is either
   exactly the bytes asked for or an :class:`OriginError` naming the URI and the problem.
 - ``read_chunk`` assembles chunk ``index`` of a layout from its file pieces (a few at a time),
-  straight into one buffer when the origin offers ``read_into`` (all built-in origins do);
+  straight into one buffer when the origin offers ``read_into`` (all built-in origins do); an
+  origin's ``range_part`` (S3: 8 MiB) splits large pieces into parts read concurrently;
   ``read_chunk_into`` reports the filled prefix as it grows (the origin-duty agent streams it).
 - ``fetch_manifest`` loads a published manifest (``source.manifestUri``) from any scheme and
   checks its digest; malformed content raises ``manifest.ManifestError``.
@@ -73,7 +74,7 @@ async def read_chunk_into(
     origin: Origin,
     layout: manifest.Layout,
     index: int,
-    out: bytearray,
+    out: bytearray | memoryview,
     *,
     progress: Callable[[int], None] | None = None,
 ) -> None:
@@ -82,8 +83,11 @@ async def read_chunk_into(
     ``progress(prefix)`` is called whenever the filled prefix grows: ``out[:prefix]`` holds the
     chunk's bytes and never changes again (pieces run a few at a time, so later pieces may land
     first; only the contiguous prefix counts). Origins without ``read_into`` report per piece.
+    An origin with a ``range_part`` (bytes) has its pieces split into parts of that size, read
+    concurrently like pieces (S3 serves ranges of one object in parallel, each at about the rate
+    of one connection).
     """
-    pieces = layout.pieces(index)
+    pieces = _parts(layout.pieces(index), getattr(origin, "range_part", None))
     if len(out) != layout.chunk_length(index):
         raise ValueError(f"buffer is {len(out)} bytes, chunk {index} is {layout.chunk_length(index)}")
     gate = asyncio.Semaphore(PIECE_CONCURRENCY)
@@ -124,6 +128,22 @@ async def read_chunk_into(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+def _parts(pieces: list[manifest.ChunkPiece], part: int | None) -> list[manifest.ChunkPiece]:
+    """``pieces`` cut into parts of at most ``part`` bytes (unchanged without a part size)."""
+    if not part or part <= 0:
+        return pieces
+    return [
+        manifest.ChunkPiece(
+            path=piece.path,
+            file_offset=piece.file_offset + start,
+            length=min(part, piece.length - start),
+            chunk_offset=piece.chunk_offset + start,
+        )
+        for piece in pieces
+        for start in range(0, piece.length, part)
+    ]
 
 
 async def build_manifest(

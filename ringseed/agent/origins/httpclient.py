@@ -49,6 +49,7 @@ Signer = Callable[[str, str, dict[str, str]], Awaitable[dict[str, str]]]
 T = TypeVar("T")
 
 _STEP = 256 << 10
+_READ_BUFFER = 1 << 20  # a response buffers up to twice this before reading pauses (aiohttp: 64 KiB)
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _TRANSIENT_EXC = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError, ConnectionError)
 
@@ -195,7 +196,9 @@ class HTTPClient:
     ) -> aiohttp.ClientResponse:
         """One signed request, URL sent as given (``data``: an optional body); the caller releases the response."""
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout, auto_decompress=False)
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout, auto_decompress=False, read_bufsize=_READ_BUFFER
+            )
         all_headers = {**self._headers, **(headers or {})}
         if self._sign is not None:
             all_headers = await self._sign(method, url, all_headers)
@@ -345,9 +348,9 @@ class HTTPClient:
                     raise _RangeIgnored()
                 elif _longer_than(resp, end - first):
                     self.ranges_ignored = True  # this read is fine (it starts at 0); later ones stream
-                async for data in resp.content.iter_chunked(_STEP):
+                async for data, _ in resp.content.iter_chunks():  # as received: no joining copies
                     take = min(len(data), len(view) - done)
-                    view[done : done + take] = data[:take]
+                    view[done : done + take] = memoryview(data)[:take]
                     done += take
                     if progress is not None:
                         progress(done)

@@ -8,6 +8,7 @@ import hashlib
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -145,3 +146,37 @@ async def test_fetch_manifest_from_s3_checks_the_digest(s3_env: dict[str, str], 
     servers.put_objects(s3_env["AWS_ENDPOINT_URL"], s3_bucket, {"m/manifest.json": body})
     loaded = await origins.fetch_manifest(f"s3://{s3_bucket}/m/manifest.json", retry_base_delay=0.001)
     assert loaded == published
+
+
+async def test_a_chunk_is_read_as_concurrent_ranged_parts_into_one_buffer(
+    s3_env: dict[str, str], s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objects = {"parts/a.bin": random.Random(5).randbytes(3 * MI + 77), "parts/b.bin": b"tail of the chunk"}
+    servers.put_objects(s3_env["AWS_ENDPOINT_URL"], s3_bucket, objects)
+    monkeypatch.setattr(s3.S3Origin, "range_part", MI)
+    origin = _open(f"s3://{s3_bucket}/parts/")
+    calls: list[tuple[int, int]] = []
+    running = [0, 0]  # now, most at once
+    real = s3.S3Origin.get_range_into
+
+    async def spy(self: s3.S3Origin, url: str, *, offset: int, view: memoryview, **more: Any) -> None:
+        calls.append((offset, len(view)))
+        running[0] += 1
+        running[1] = max(running)
+        try:
+            await real(self, url, offset=offset, view=view, **more)
+        finally:
+            running[0] -= 1
+
+    monkeypatch.setattr(s3.S3Origin, "get_range_into", spy)
+    try:
+        layout = manifest.Layout.build(await origin.list_files(), chunk_size=4 * MI)
+        seen: list[int] = []
+        out = memoryview(bytearray(layout.chunk_length(0)))
+        await origins.read_chunk_into(origin, layout, 0, out, progress=seen.append)
+    finally:
+        await origin.close()
+    assert bytes(out) == objects["parts/a.bin"] + objects["parts/b.bin"]
+    assert sorted(calls) == sorted([(0, MI), (MI, MI), (2 * MI, MI), (3 * MI, 77), (0, len(b"tail of the chunk"))])
+    assert running[1] > 1  # parts of one object were read at once
+    assert seen == sorted(seen) and seen[-1] == len(out)

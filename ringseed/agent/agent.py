@@ -46,10 +46,12 @@ from aiohttp import web as aioweb
 from ringseed import web
 from ringseed.agent import (
     atrest,
+    buffers,
     cache,
     chunks,
     fetch,
     origins,
+    peerclient,
     problems,
     publish,
     revisions,
@@ -127,6 +129,7 @@ class Agent:
         self.active_uploads = 0
         self.active_streams = 0
         self.uploaded_bytes = 0
+        self.refused_uploads = 0
         self.fetched_bytes = 0
         self.origin_bytes = 0
         self.resumed_chunks = 0
@@ -156,6 +159,8 @@ class Agent:
         self.news = asyncio.Event()
         self.revision_news = asyncio.Event()
         self.hashes_news = asyncio.Event()
+        self.buffers = buffers.Pool(capacity=config.chunk_size, limit=self._buffer_limit(config.chunk_size))
+        self.peer_client = peerclient.PeerClient(token=config.token, threads=config.download_slots)
         self.tracker: tracker_client.TrackerClient
         self.http: aiohttp.ClientSession
 
@@ -178,6 +183,7 @@ class Agent:
         finally:
             await runner.cleanup()
             await seeder.close_origin(self)
+            self.peer_client.close()
             self.store.close()
 
     def _prepare(self) -> None:
@@ -224,6 +230,7 @@ class Agent:
             metrics=self.metrics,
             refresh_metrics=self._refresh_metrics,
             control=self,
+            upload_threads=self.config.upload_slots,
         )
         runner = aioweb.AppRunner(app, access_log=None)
         await runner.setup()
@@ -233,6 +240,19 @@ class Agent:
         self.url = f"http://{self.config.advertise_host}:{port}"
         log.info("Agent %s serving chunks at %s", self.config.node_name, self.url)
         return runner
+
+    def chunk_buffer(self, length: int) -> memoryview:
+        """A buffer for one chunk of the layout, reused once nothing refers to it (``buffers``)."""
+        capacity = self.layout.chunk_size if self.layout is not None else length
+        if capacity != self.buffers.capacity:
+            self.buffers = buffers.Pool(capacity=capacity, limit=self._buffer_limit(capacity))
+        return self.buffers.take(length)
+
+    def _buffer_limit(self, chunk_size: int) -> int:
+        # Chunks alive at once: the memory tier's, the downloads' and the origin pulls' (one ending
+        # while the next starts), plus two.
+        config = self.config
+        return config.memory_bytes // max(1, chunk_size) + config.download_slots + config.origin_depth + 3
 
     def upload_limit(self) -> int:
         """Upload slots now: fewer while this agent still pulls from the origin, so the pull keeps pace."""
@@ -389,6 +409,7 @@ class Agent:
         m.declare("agent_bytes_from_origin", "counter", "bytes pulled from the origin")
         m.declare("agent_bytes_uploaded", "counter", "bytes served to peers")
         m.declare("agent_active_uploads", "gauge", "uploads in progress")
+        m.declare("agent_uploads_refused", "counter", "chunk requests answered busy (429)")
         m.declare("agent_memory_tier_bytes", "gauge", "bytes held in the memory tier")
         m.declare("agent_complete", "gauge", "1 when the model is materialised and verified")
         m.declare("agent_chunks_streamed", "counter", "verified chunks streamed from the origin puller")
@@ -404,6 +425,7 @@ class Agent:
         m.set("agent_bytes_from_origin", self.origin_bytes)
         m.set("agent_bytes_uploaded", self.uploaded_bytes)
         m.set("agent_active_uploads", self.active_uploads)
+        m.set("agent_uploads_refused", self.refused_uploads)
         m.set("agent_memory_tier_bytes", self.memory.used)
         m.set("agent_complete", 1 if self.verified_digest else 0)
         m.set("agent_chunks_streamed", self.streamed_chunks)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+Data = bytes | bytearray | memoryview  # a chunk's bytes (often a view of a pooled buffer, see ``buffers``)
+
 
 class MemoryTier:
     """An LRU map from chunk index to its verified bytes, bounded by a byte budget."""
@@ -21,10 +23,10 @@ class MemoryTier:
         self.used = 0
         self.hits = 0
         self.misses = 0
-        self._chunks: OrderedDict[int, bytes | bytearray] = OrderedDict()
+        self._chunks: OrderedDict[int, Data] = OrderedDict()
         self.pinned: set[int] = set()
 
-    def put(self, index: int, data: bytes | bytearray, *, pin: bool = False) -> bool:
+    def put(self, index: int, data: Data, *, pin: bool = False) -> bool:
         """Keep ``data`` (pinned if ``pin``); False if it does not fit the budget and was not kept."""
         if len(data) > self.budget:
             return False
@@ -43,7 +45,7 @@ class MemoryTier:
     def unpin(self, index: int) -> None:
         self.pinned.discard(index)
 
-    def get(self, index: int) -> bytes | bytearray | None:
+    def get(self, index: int) -> Data | None:
         data = self._chunks.get(index)
         if data is None:
             self.misses += 1

@@ -26,7 +26,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from ringseed.agent import problems, publish, store
+from ringseed.agent import cache, problems, publish, store
 
 if TYPE_CHECKING:
     from ringseed.agent.agent import Agent
@@ -39,7 +39,7 @@ DISK_CHECK_S = 1.0
 async def accept(
     agent: Agent,
     index: int,
-    data: bytes | bytearray,
+    data: cache.Data,
     *,
     digest: str,
     from_origin: bool,
@@ -89,7 +89,7 @@ def _current(agent: Agent, index: int, generation: int) -> bool:
 def hold(
     agent: Agent,
     index: int,
-    data: bytes | bytearray | None,
+    data: cache.Data | None,
     *,
     digest: str,
     from_origin: bool,
@@ -107,7 +107,7 @@ def hold(
     agent.changed.set()
 
 
-async def _write_behind(agent: Agent, index: int, data: bytes | bytearray, digest: str, generation: int) -> None:
+async def _write_behind(agent: Agent, index: int, data: cache.Data, digest: str, generation: int) -> None:
     try:
         await asyncio.to_thread(agent.store.write_chunk, index, data)
     except OSError as exc:

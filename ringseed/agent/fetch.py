@@ -19,10 +19,14 @@ Rules:
 - Requests name the revision (``?revision=``): a peer on another revision answers 409 and is
   not blamed; a chunk received after this node moved to another revision is discarded.
 - Holders come from the tracker, least loaded first; a busy holder (429), an unreachable one
-  or a 404 makes us try the next. An unreachable peer is avoided for a few seconds.
+  or a 404 makes us try the next. An unreachable peer is avoided for a few seconds, a busy one
+  for about ``RETRY_AFTER_S`` (no request for any chunk: its slots free at the pace of whole
+  chunks, and every refusal costs it a request's worth of CPU).
 - Every received chunk is checked (length and SHA-256) before it is stored, announced or
   served. A mismatch is reported to the tracker (which penalises the peer) and the peer is
   avoided for good by this agent.
+- Bytes land in a pooled chunk buffer (``agent.chunk_buffer``) and are hashed as they arrive
+  (:mod:`ringseed.agent.peerclient`), so verifying costs no second pass over the chunk.
 - Cut-through: a chunk the tracker lists as being pulled from the origin (``pulling``) and
   that nobody holds yet may be streamed from the puller (``?stream=1``, :mod:`ringseed.agent.stream`),
   at most ``MAX_STREAMS`` at once, each taking a download slot. The streamed bytes are checked
@@ -41,12 +45,11 @@ import logging
 import math
 import random
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
 from ringseed.agent import chunks, problems, tracker_client
-from ringseed.protocol import backoff, choice, manifest
+from ringseed.protocol import backoff, choice
 
 if TYPE_CHECKING:
     from ringseed.agent.agent import Agent
@@ -106,6 +109,8 @@ async def download_loop(agent: Agent) -> None:
         agent.changed.clear()
         retries.renew(agent)
         _reap(agent, tasks, retries)
+        if agent.layout is not None and not agent.missing and not tasks:
+            agent.buffers.trim()  # nothing left to fetch: give the idle chunk buffers back
         if agent.layout is None or not agent.missing or agent.writes_paused:
             continue
         in_flight = {i: len(ts) for i, ts in tasks.items()}
@@ -184,7 +189,7 @@ def _reached(agent: Agent, holder: choice.Holder, *, ok: bool) -> None:
         agent.problems.clear(problems.PEER_UNREACHABLE)
         return
     agent.unreachable_in_a_row += 1
-    agent.avoid[holder.name] = max(agent.avoid.get(holder.name, 0.0), time.monotonic() + UNREACHABLE_AVOID_S)
+    _avoid(agent, holder, UNREACHABLE_AVOID_S)
     if agent.unreachable_in_a_row >= UNREACHABLE_PROBLEM_AFTER:
         agent.problems.set(
             problems.PEER_UNREACHABLE,
@@ -212,15 +217,15 @@ async def _from_holders(agent: Agent, index: int, peers: list[dict[str, Any]], *
         if agent.avoid.get(holder.name, 0.0) > now or index in agent.held or generation != agent.generation:
             continue
         started = time.monotonic()
-        data = await _get(agent, holder, index)
-        failed |= data is None
-        if not isinstance(data, bytearray) or generation != agent.generation:
+        body = await _get(agent, holder, index)
+        failed |= body is None
+        if not isinstance(body, Body) or generation != agent.generation:
             continue
         log.info("Chunk %d from %s in %.2f s", index, holder.name, time.monotonic() - started)
-        if await _verify(agent, index, data):
+        if _verified(agent, index, body):
             digest = agent.hashes[index]
             await chunks.accept(
-                agent, index, data, digest=digest, from_origin=False, generation=generation, source=holder.name
+                agent, index, body.data, digest=digest, from_origin=False, generation=generation, source=holder.name
             )
             break
         if generation == agent.generation:
@@ -249,21 +254,19 @@ async def stream_chunk(agent: Agent, index: int) -> Outcome:
         return Outcome.NOT_NOW
     holder = choice.Holder(name=str(source["name"]), url=str(source["url"]), load=0)
     started = time.monotonic()
-    data = await _get(agent, holder, index, stream=True)
-    if not isinstance(data, bytearray):
+    body = await _get(agent, holder, index, stream=True)
+    if not isinstance(body, Body):
         return Outcome.NOT_NOW
-    hashing = asyncio.create_task(asyncio.to_thread(manifest.chunk_sha256, memoryview(data)))
     expected = await _await_hash(agent, index)
-    digest = await hashing
     if expected is None or index in agent.held or generation != agent.generation:
         return Outcome.HELD if index in agent.held else Outcome.NOT_NOW
-    if digest != expected:
+    if not _verified(agent, index, body):
         log.warning("Chunk %d streamed from %s does not match the tracker's hash; dropped", index, holder.name)
         agent.rejected_chunks += 1
         return Outcome.NOT_NOW
     log.info("Chunk %d streamed from %s in %.2f s (verified)", index, holder.name, time.monotonic() - started)
     if await chunks.accept(
-        agent, index, data, digest=expected, from_origin=False, generation=generation, source=holder.name
+        agent, index, body.data, digest=expected, from_origin=False, generation=generation, source=holder.name
     ):
         agent.streamed_chunks += 1
     return Outcome.HELD if index in agent.held else Outcome.NOT_NOW
@@ -282,11 +285,12 @@ async def _await_hash(agent: Agent, index: int) -> str | None:
     return agent.hashes.get(index) if generation == agent.generation else None
 
 
-async def _verify(agent: Agent, index: int, data: bytearray) -> bool:
+def _verified(agent: Agent, index: int, body: Body) -> bool:
+    """The body is exactly chunk ``index``: its length and the SHA-256 taken as it arrived."""
     expected = agent.hashes.get(index)
-    if agent.layout is None or expected is None or len(data) != agent.layout.chunk_length(index):
+    if agent.layout is None or expected is None or len(body.data) != agent.layout.chunk_length(index):
         return False
-    return await asyncio.to_thread(manifest.chunk_sha256, memoryview(data)) == expected
+    return body.digest == expected
 
 
 async def _penalise(agent: Agent, holder: choice.Holder, index: int) -> None:
@@ -297,51 +301,50 @@ async def _penalise(agent: Agent, holder: choice.Holder, index: int) -> None:
         await agent.tracker.report(peer=holder.name, chunk=index)
 
 
-async def _get(agent: Agent, holder: choice.Holder, index: int, *, stream: bool = False) -> bytearray | int | None:
-    """The body of ``GET /v1/chunks/{index}`` from ``holder``; the status if it is not 200 (busy,
-    not held, another revision); None if the peer failed (unreachable, body cut short).
+@dataclass(frozen=True)
+class Body:
+    """A chunk's bytes as received (a pooled buffer's view) and their SHA-256 (None: never a match)."""
+
+    data: memoryview
+    digest: str | None
+
+
+async def _get(agent: Agent, holder: choice.Holder, index: int, *, stream: bool = False) -> Body | int | None:
+    """The body of ``GET /v1/chunks/{index}`` from ``holder`` with its digest; the status if it is
+    not 200 (busy, not held, another revision); None if the peer failed (unreachable, cut short).
 
     ``stream``: ask for the bytes as they arrive from the origin (no total time limit, since the
     origin sets the pace; 30 s without a byte ends it). A stream cut short is not held against the
-    peer (its origin pull may have failed).
+    peer (its origin pull may have failed). A body longer than the chunk comes back without a
+    digest, so that it fails verification and the peer is reported.
     """
     assert agent.layout is not None
     length = agent.layout.chunk_length(index)
+    deadline = None if stream else time.monotonic() + 30 + length / (4 << 20)
+    query = {"revision": agent.revision.id} if agent.revision is not None else {}
     if stream:
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=3, sock_read=30)
-    else:
-        timeout = aiohttp.ClientTimeout(total=30 + length / (4 << 20), sock_connect=3)
-    headers = {"Authorization": f"Bearer {agent.config.token}"}
-    params = {"revision": agent.revision.id} if agent.revision is not None else {}
-    if stream:
-        params["stream"] = "1"
-    url = f"{holder.url}/v1/chunks/{index}"
-    try:
-        async with agent.http.get(url, headers=headers, params=params, timeout=timeout) as resp:
-            _reached(agent, holder, ok=True)
-            if resp.status != 200:
-                return resp.status
-            return await _read_body(agent, resp, length)
-    except aiohttp.ClientPayloadError as exc:
-        log.info("Peer %s broke off chunk %d: %s", holder.name, index, exc)
-        if not stream:
-            agent.avoid[holder.name] = max(agent.avoid.get(holder.name, 0.0), time.monotonic() + UNREACHABLE_AVOID_S)
-        return None
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        log.info("Peer %s unreachable for chunk %d: %s", holder.name, index, type(exc).__name__)
+        query["stream"] = "1"
+    buffer = agent.chunk_buffer(length)
+    reply = await agent.peer_client.get(holder.url, index, query=query, into=buffer, read_timeout=30, deadline=deadline)
+    agent.fetched_bytes += reply.received
+    if reply.status == 0:
+        log.info("Peer %s unreachable for chunk %d: %s", holder.name, index, reply.error)
         _reached(agent, holder, ok=False)
         return None
+    _reached(agent, holder, ok=True)
+    if reply.status == 429:  # its slots free at the pace of whole chunks: ask it for nothing a while
+        _avoid(agent, holder, RETRY_AFTER_S * (0.5 + random.random()))
+    if reply.status != 200:
+        return reply.status
+    if reply.too_long:
+        return Body(data=buffer, digest=None)
+    if reply.complete and reply.received == length:
+        return Body(data=buffer, digest=reply.digest)
+    log.info("Peer %s broke off chunk %d after %d bytes: %s", holder.name, index, reply.received, reply.error)
+    if not stream:
+        _avoid(agent, holder, UNREACHABLE_AVOID_S)
+    return None
 
 
-async def _read_body(agent: Agent, resp: Any, length: int) -> bytearray | None:
-    buf = bytearray(length)
-    view = memoryview(buf)
-    filled = 0
-    async for piece in resp.content.iter_any():
-        take = min(len(piece), length - filled)
-        view[filled : filled + take] = piece[:take]
-        filled += len(piece)
-        agent.fetched_bytes += len(piece)
-        if filled > length:
-            return bytearray(b"")  # too long: fails verification
-    return buf if filled == length else None  # short: the peer went away mid-body
+def _avoid(agent: Agent, holder: choice.Holder, seconds: float) -> None:
+    agent.avoid[holder.name] = max(agent.avoid.get(holder.name, 0.0), time.monotonic() + seconds)

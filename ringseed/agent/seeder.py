@@ -253,7 +253,7 @@ async def pull(agent: Agent, index: int, *, reads: _Reads | None = None) -> None
     assert agent.layout is not None
     generation = agent.generation
     origin = get_origin(agent)
-    inflight = stream.Inflight(index, agent.layout.chunk_length(index))
+    inflight = stream.Inflight(index, agent.chunk_buffer(agent.layout.chunk_length(index)))
     agent.inflight[index] = inflight  # streamable until it is held (or dropped)
     started = time.monotonic()
 

@@ -5,9 +5,11 @@ Rules:
   The index is ASCII digits only (else 400 ``bad_index``). ``?revision=<id>`` names the
   revision the asker holds: a node holding another one answers 409 ``revision_mismatch`` (its
   chunk ``i`` is another chunk). A ``Range`` header is ignored: chunks are sent and verified whole.
-- A chunk in the memory tier is sent from memory, in pieces, inside the handler (so the upload
-  slot stays taken until the body is out); otherwise the staged file slices are sent
-  with ``sendfile`` (no copy through Python), one slice after another. A chunk whose disk write
+- A held chunk's body is written inside the handler (so the upload slot stays taken until it is
+  out) by a worker thread (:mod:`ringseed.agent.upload`): from the memory tier with ``send``,
+  else from the staged file slices with ``sendfile``, one slice after another. Where the
+  connection cannot be lent to a thread, aiohttp writes it (memory: in pieces, each once the
+  transport's buffer is empty; staged: ``loop.sendfile``). A chunk whose disk write
   has not finished is pinned in the memory tier; should it be missing there, it is answered
   429 (never sendfile over a file region that may still have holes).
 - ``GET /v1/chunks/{index}?stream=1`` on the origin-duty agent, for a chunk it is still pulling:
@@ -27,15 +29,16 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from aiohttp import web as aioweb
 
 from ringseed import web
-from ringseed.agent import cache, store, stream
+from ringseed.agent import cache, store, stream, upload
 
 log = logging.getLogger(__name__)
 SEND_PIECE = 1 << 20  # bytes per write of a memory-tier chunk
@@ -52,6 +55,7 @@ class ChunkSource(Protocol):
     active_uploads: int
     active_streams: int
     uploaded_bytes: int
+    refused_uploads: int  # requests answered 429 (upload or stream slots full)
 
 
 class Control(Protocol):
@@ -76,10 +80,13 @@ def create_app(
     max_streams: int = 0,
     refresh_metrics: Callable[[], None],
     control: Control | None = None,
+    upload_threads: int = 4,
+    upload_stall: float = upload.STALL_S,
 ) -> aioweb.Application:
     app = web.make_app(token=token, max_body_bytes=64 << 10)
     app.router.add_get("/metrics", metrics.handler(refresh_metrics))
-    server = _ChunkServer(source, max_uploads=max_uploads, max_streams=max_streams)
+    uploads = upload.Uploads(threads=upload_threads, stall=upload_stall)
+    server = _ChunkServer(source, max_uploads=max_uploads, max_streams=max_streams, uploads=uploads)
     app.router.add_get("/v1/chunks/{index}", server.get_chunk)
     if control is not None:
 
@@ -91,6 +98,11 @@ def create_app(
 
         app.router.add_get("/v1/status", status)
         app.router.add_post("/v1/verify", verify)
+
+    async def close_uploads(_: aioweb.Application) -> None:
+        uploads.close()
+
+    app.on_cleanup.append(close_uploads)
     return app
 
 
@@ -102,9 +114,33 @@ def _busy(reason: str = "upload slots are full; ask another holder") -> aioweb.R
     )
 
 
+@contextlib.contextmanager
+def _unbuffered(transport: asyncio.BaseTransport | None) -> Iterator[None]:
+    """Inside, a write returns (after its drain) only once the transport's buffer is empty again.
+
+    asyncio's socket transport sends what the socket takes at once and copies the rest into its
+    own buffer; with the default high-water mark (64 KiB) the next piece then goes through that
+    buffer too, so nearly every byte of a chunk was copied once more. Writing each piece into an
+    empty buffer lets the socket take more of it straight from the chunk.
+    """
+    if not isinstance(transport, asyncio.WriteTransport) or transport.is_closing():
+        yield
+        return
+    low, high = transport.get_write_buffer_limits()
+    transport.set_write_buffer_limits(high=0)
+    try:
+        yield
+    finally:
+        if not transport.is_closing():
+            transport.set_write_buffer_limits(high=high, low=low)
+
+
 class _ChunkServer:
-    def __init__(self, source: ChunkSource, *, max_uploads: int | Callable[[], int], max_streams: int) -> None:
+    def __init__(
+        self, source: ChunkSource, *, max_uploads: int | Callable[[], int], max_streams: int, uploads: upload.Uploads
+    ) -> None:
         self.source = source
+        self.uploads = uploads
         self.max_streams = max_streams
         self.max_uploads = max_uploads if callable(max_uploads) else (lambda: max_uploads)
 
@@ -122,6 +158,7 @@ class _ChunkServer:
                 raise web.problem(404, "not_held", f"chunk {index} is not held (verified) here")
             return await self._stream(request, inflight)
         if self.source.active_uploads >= self.max_uploads():
+            self.source.refused_uploads += 1
             return _busy()
         self.source.active_uploads += 1
         try:
@@ -131,6 +168,7 @@ class _ChunkServer:
 
     async def _stream(self, request: aioweb.Request, inflight: stream.Inflight) -> aioweb.StreamResponse:
         if self.source.active_streams >= self.max_streams or not inflight.keeping_up():
+            self.source.refused_uploads += 1
             return _busy("stream slots are full or the uplink is saturated; fetch the chunk once it is held")
         self.source.active_streams += 1
         stream_id = inflight.open_stream()
@@ -152,7 +190,8 @@ class _ChunkServer:
                     continue
                 end = min(inflight.filled, sent + SEND_PIECE)
                 piece = view[sent:end]
-                await response.write(piece)
+                with _unbuffered(request.transport):
+                    await response.write(piece)
                 sent = end
                 inflight.sent[stream_id] = sent
                 self.source.uploaded_bytes += len(piece)
@@ -165,6 +204,7 @@ class _ChunkServer:
     async def _send(self, request: aioweb.Request, index: int) -> aioweb.StreamResponse:
         data = self.source.memory.get(index)
         if data is None and index in self.source.memory.pinned:  # its disk write is still in flight
+            self.source.refused_uploads += 1
             return _busy()
         headers = {"X-Chunk-Sha256": self.source.held[index]}
         if data is not None:
@@ -172,19 +212,25 @@ class _ChunkServer:
         return await self._sendfile(request, index, headers)
 
     async def _send_memory(
-        self, request: aioweb.Request, data: bytes | bytearray, headers: dict[str, str]
+        self, request: aioweb.Request, data: cache.Data, headers: dict[str, str]
     ) -> aioweb.StreamResponse:
-        # Written here, piece by piece with back-pressure, so the upload slot is held until the
-        # body is out (a plain Response would be written after the handler returned its slot).
+        # Written here, with back-pressure, so the upload slot is held until the body is out (a
+        # plain Response would be written after the handler returned its slot).
         response = aioweb.StreamResponse(headers=headers)
         response.content_type = "application/octet-stream"
         response.content_length = len(data)
         await response.prepare(request)
         view = memoryview(data)
-        for start in range(0, len(data), SEND_PIECE):
-            piece = view[start : start + SEND_PIECE]
-            await response.write(piece)
-            self.source.uploaded_bytes += len(piece)
+        stall = self.uploads.stall
+        sent = await self.uploads.send(request, lambda sock: upload.send_view(sock, view, stall=stall))
+        if sent is not None:
+            self.source.uploaded_bytes += sent
+        else:
+            with _unbuffered(request.transport):
+                for start in range(0, len(data), SEND_PIECE):
+                    piece = view[start : start + SEND_PIECE]
+                    await response.write(piece)
+                    self.source.uploaded_bytes += len(piece)
         await response.write_eof()
         return response
 
@@ -194,13 +240,18 @@ class _ChunkServer:
         response.content_type = "application/octet-stream"
         response.content_length = sum(length for _, _, length in slices)
         await response.prepare(request)
-        transport = request.transport
-        loop = asyncio.get_running_loop()
-        for path, offset, length in slices:
-            if transport is None or transport.is_closing():
-                raise ConnectionResetError("peer went away")
-            with open(path, "rb") as f:  # noqa: ASYNC230 - opening is cheap; the transfer is sendfile
-                await loop.sendfile(transport, f, offset, length)
-            self.source.uploaded_bytes += length
+        stall = self.uploads.stall
+        sent = await self.uploads.send(request, lambda sock: upload.send_files(sock, slices, stall=stall))
+        if sent is not None:
+            self.source.uploaded_bytes += sent
+        else:
+            transport = request.transport
+            loop = asyncio.get_running_loop()
+            for path, offset, length in slices:
+                if transport is None or transport.is_closing():
+                    raise ConnectionResetError("peer went away")
+                with open(path, "rb") as f:  # noqa: ASYNC230 - opening is cheap; the transfer is sendfile
+                    await loop.sendfile(transport, f, offset, length)
+                self.source.uploaded_bytes += length
         await response.write_eof()
         return response

@@ -28,11 +28,11 @@ STREAM_LAG = 2 << 20  # a stream further behind the fill than this is catching u
 
 
 class Inflight:
-    """One chunk being pulled from the origin into ``buffer``."""
+    """One chunk being pulled from the origin into ``buffer`` (a writable buffer of the chunk's length)."""
 
-    def __init__(self, index: int, length: int) -> None:
+    def __init__(self, index: int, buffer: bytearray | memoryview) -> None:
         self.index = index
-        self.buffer = bytearray(length)
+        self.buffer = buffer
         self.filled = 0
         self.failed = False
         self.sent: dict[int, int] = {}  # stream id -> bytes handed to its socket

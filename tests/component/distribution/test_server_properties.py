@@ -35,6 +35,7 @@ class _Source:
         self.active_uploads = 0
         self.active_streams = 0
         self.uploaded_bytes = 0
+        self.refused_uploads = 0
 
 
 class _Control:

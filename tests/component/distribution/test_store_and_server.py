@@ -60,6 +60,7 @@ class _Source:
         self.memory = cache.MemoryTier(budget)
         self.active_uploads = 0
         self.uploaded_bytes = 0
+        self.refused_uploads = 0
 
 
 async def test_server_sends_verified_chunks_from_disk_and_memory(tmp_path: Path, layout: manifest.Layout) -> None:

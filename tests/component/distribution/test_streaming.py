@@ -49,6 +49,7 @@ class _Source:
         self.active_uploads = 0
         self.active_streams = 0
         self.uploaded_bytes = 0
+        self.refused_uploads = 0
 
 
 @pytest.fixture
@@ -75,7 +76,7 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[_Source, str, aiohttp.Cl
 async def test_stream_sends_bytes_as_they_arrive(served: tuple[_Source, str, aiohttp.ClientSession]) -> None:
     source, base, http = served
     data = bytes(range(256)) * (8 * 1024)  # 2 MiB
-    inflight = stream.Inflight(0, len(data))
+    inflight = stream.Inflight(0, bytearray(len(data)))
     source.inflight[0] = inflight
     async with http.get(f"{base}/v1/chunks/0") as resp:
         assert resp.status == 404  # without ?stream=1 an unverified chunk is never sent
@@ -95,7 +96,7 @@ async def test_stream_sends_bytes_as_they_arrive(served: tuple[_Source, str, aio
 
 async def test_a_failed_pull_cuts_its_streams_short(served: tuple[_Source, str, aiohttp.ClientSession]) -> None:
     source, base, http = served
-    inflight = stream.Inflight(1, 2 * MiB)
+    inflight = stream.Inflight(1, bytearray(2 * MiB))
     source.inflight[1] = inflight
     inflight.advance(MiB)
     with pytest.raises(aiohttp.ClientPayloadError):
@@ -110,7 +111,7 @@ async def test_streams_are_refused_when_slots_are_full_or_a_stream_lags(
     served: tuple[_Source, str, aiohttp.ClientSession],
 ) -> None:
     source, base, http = served
-    inflight = stream.Inflight(0, 32 * MiB)
+    inflight = stream.Inflight(0, bytearray(32 * MiB))
     source.inflight[0] = inflight
     source.active_streams = 2  # max_streams
     async with http.get(f"{base}/v1/chunks/0", params={"stream": "1"}) as resp:

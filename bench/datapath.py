@@ -212,6 +212,7 @@ class Proc:
     cpu_after: tuple[float, float] = (0.0, 0.0)
     sent: int = 0
     received: int = 0
+    refused: int = 0  # chunk requests it answered busy (429)
 
     def sample(self) -> tuple[float, float]:
         return common.cpu_times(self.popen.pid)
@@ -272,10 +273,12 @@ class Swarm(swarm.LocalSwarm):
     def model_path(self, name: str) -> Path:
         return self.node_dir(name) / "data" / MODEL
 
-    def moved(self, proc: Proc) -> tuple[int, int]:
-        """(bytes sent to peers, bytes received) so far, from the agent's /metrics."""
+    def moved(self, proc: Proc) -> tuple[int, int, int]:
+        """(bytes sent to peers, bytes received, requests refused busy) so far, from /metrics."""
         counters = self.counters(proc)
-        return int(counters.get("agent_bytes_uploaded", 0)), int(counters.get("agent_bytes_fetched", 0))
+        keys = ("agent_bytes_uploaded", "agent_bytes_fetched", "agent_uploads_refused")
+        sent, received, refused = (int(counters.get(key, 0)) for key in keys)
+        return sent, received, refused
 
     def counters(self, proc: Proc) -> dict[str, float]:
         request = urllib.request.Request(
@@ -382,8 +385,8 @@ def _transfer(local: Swarm, senders: list[Proc], *, receivers: int, profile: str
         proc.cpu_after = proc.sample()
     stop_profilers(profilers)
     for proc in everyone:
-        sent, received = local.moved(proc)
-        proc.sent, proc.received = sent - before.get(proc.name, (0, 0))[0], received - before.get(proc.name, (0, 0))[1]
+        now, then = local.moved(proc), before.get(proc.name, (0, 0, 0))
+        proc.sent, proc.received, proc.refused = (a - b for a, b in zip(now, then, strict=True))
     return {"seconds": seconds, "procs": everyone}
 
 
@@ -491,6 +494,7 @@ def role_totals(procs: list[Proc], role: str) -> dict[str, float]:
         "received": sum(p.received for p in chosen),
         "user": user,
         "system": system,
+        "refused": sum(p.refused for p in chosen),
         "gb_per_cpu_s": moved / cpu / GB if cpu > 0 else float("inf"),
         "ns_per_byte": cpu / moved * 1e9 if moved else float("nan"),
     }
@@ -498,7 +502,7 @@ def role_totals(procs: list[Proc], role: str) -> dict[str, float]:
 
 HEADER = (
     f"{'scenario':<14} {'method':<13} {'role':<9} {'GB moved':>9} {'user s':>7} {'sys s':>7} "
-    f"{'GB/CPU-s':>9} {'ns/B':>6} {'wall GB/s':>9}"
+    f"{'GB/CPU-s':>9} {'ns/B':>6} {'wall GB/s':>9} {'429s':>5}"
 )
 
 
@@ -513,7 +517,8 @@ def print_rows(scenario: str, method: str, result: dict[str, Any], *, size: int)
         rows.append(row)
         print(
             f"{scenario:<14} {method:<13} {role:<9} {totals['bytes'] / GB:>9.2f} {totals['user']:>7.2f} "
-            f"{totals['system']:>7.2f} {totals['gb_per_cpu_s']:>9.2f} {totals['ns_per_byte']:>6.2f} {wall:>9.2f}",
+            f"{totals['system']:>7.2f} {totals['gb_per_cpu_s']:>9.2f} {totals['ns_per_byte']:>6.2f} {wall:>9.2f} "
+            f"{totals['refused'] if method == 'ringseed' else '-':>5}",
             flush=True,
         )
     return rows

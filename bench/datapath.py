@@ -47,7 +47,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +58,6 @@ from ringseed.local import swarm
 from ringseed.protocol import manifest, units
 
 GB = 1e9
-MODEL = "bench/model"
 HEARTBEAT_S = 2.0  # the master's default heartbeat interval (agents heartbeat sooner when they have news)
 
 
@@ -241,7 +239,8 @@ def wait_idle(procs: list[Proc], *, timeout: float = 60.0, quiet: float = 0.02) 
 
 
 class Swarm(swarm.LocalSwarm):
-    """A loopback master and agents whose ports this script knows (it reads their /metrics)."""
+    """A loopback master and agents measured as :class:`Proc` (the background scrub off: it re-hashes
+    staged chunks at 16 MiB/s once a model is published, which is not the data path)."""
 
     def __init__(self, *, workdir: Path, source: str, chunk: int, memory: int) -> None:
         super().__init__(
@@ -253,45 +252,22 @@ class Swarm(swarm.LocalSwarm):
             heartbeat_interval=HEARTBEAT_S,
             offline_after=120.0,
         )
-        self.agents: dict[str, Proc] = {}
 
     def start_node(self, name: str, *, role: str, memory: int | None = None) -> Proc:
-        port = swarm.free_port()
-        node = self.node_dir(name)
-        argv = ["agent", "--master-url", self.master_url, "--node-name", name, "--advertise-host", "127.0.0.1"]
-        argv += ["--host", "127.0.0.1", "--port", str(port), "--source", self.source, "--model-name", MODEL]
-        argv += ["--chunk-size", str(self.chunk_size), "--memory-bytes", str(memory or self.memory_bytes)]
-        argv += ["--data-dir", str(node / "data"), "--cache-dir", str(node / "cache")]
-        self._spawn(name, argv)
+        self.agent_args = ["--scrub-rate", "0", *(["--memory-bytes", str(memory)] if memory else [])]
+        self.start_agent(name)
         self.names.append(name)
-        self.agents[name] = Proc(name=name, role=role, popen=self.procs[name], port=port)
-        return self.agents[name]
+        return Proc(name=name, role=role, popen=self.procs[name], port=self.agent_ports[name])
 
     def staging(self, name: str) -> Path:
-        return self.node_dir(name) / "cache" / MODEL
-
-    def model_path(self, name: str) -> Path:
-        return self.node_dir(name) / "data" / MODEL
+        return self.journal(name).parent
 
     def moved(self, proc: Proc) -> tuple[int, int, int]:
         """(bytes sent to peers, bytes received, requests refused busy) so far, from /metrics."""
-        counters = self.counters(proc)
-        keys = ("agent_bytes_uploaded", "agent_bytes_fetched", "agent_uploads_refused")
+        counters = self.agent_metrics(proc.name, timeout=30) or {}
+        keys = ("ringseed_agent_bytes_uploaded", "ringseed_agent_bytes_fetched", "ringseed_agent_uploads_refused")
         sent, received, refused = (int(counters.get(key, 0)) for key in keys)
         return sent, received, refused
-
-    def counters(self, proc: Proc) -> dict[str, float]:
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{proc.port}/metrics", headers={"Authorization": f"Bearer {self.token}"}
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            text = response.read().decode()
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            parts = line.split()
-            if len(parts) == 2 and not line.startswith("#"):
-                out[parts[0].removeprefix("ringseed_")] = float(parts[1])
-        return out
 
 
 def link_staging(source: Path, target: Path) -> None:
@@ -338,11 +314,11 @@ def ringseed_origin(
         local.wait_for(local.all_verified, timeout=600, what="the origin pull")
         seconds = time.monotonic() - started
         puller.cpu_after = puller.sample()
-        puller.received = int(local.counters(puller).get("agent_bytes_from_origin", 0))
+        puller.received = int((local.agent_metrics(puller.name) or {}).get("ringseed_agent_bytes_from_origin", 0))
         pulled = {"seconds": seconds, "procs": [puller]}
         holder = Proc(name=puller.name, role="sender", popen=puller.popen, port=puller.port)
         served = _transfer(local, [holder], receivers=1, profile=profile)
-    _check_copies(["origin-puller", "receiver-0"], local.model_path, expected)
+    _check_copies(["origin-puller", "receiver-0"], local.model_dir, expected)
     return pulled, served, local.staging("origin-puller")
 
 
@@ -368,7 +344,7 @@ def ringseed_swarm(
             senders.append(local.start_node(name, role="sender"))
         local.wait_for(local.all_verified, timeout=120, what="the holders to register")
         result = _transfer(local, senders, receivers=receivers, profile=profile)
-    _check_copies([p.name for p in result["procs"] if p.role == "receiver"], local.model_path, expected)
+    _check_copies([p.name for p in result["procs"] if p.role == "receiver"], local.model_dir, expected)
     return result
 
 

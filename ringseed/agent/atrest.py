@@ -75,7 +75,11 @@ async def check_chunk(agent: Agent, index: int) -> bool:
     if expected is None or index in agent.pending_writes:
         return True
     generation = agent.generation
-    digest = await asyncio.to_thread(revisions.local_hash, agent.store, index)
+    try:
+        digest = await asyncio.to_thread(revisions.local_hash, agent.store, index)
+    except OSError as exc:  # a staged file gone or unreadable: the chunk is not there any more
+        log.warning("Reading chunk %d from staging failed: %s", index, exc)
+        digest = None
     if generation != agent.generation or agent.held.get(index) != expected:
         return True
     agent.check.checked += 1
@@ -206,11 +210,17 @@ async def publish_loop(agent: Agent) -> None:
             )
             refused = (generation, drops)
             continue
-        await asyncio.to_thread(
-            publish.materialise, agent.store, model_dir=agent.model_dir, digest=digest, force=agent.must_republish
+        assert agent.revision is not None
+        published = await asyncio.to_thread(
+            publish.materialise,
+            agent.store,
+            model_dir=agent.model_dir,
+            digest=digest,
+            revision_id=agent.revision.id,
+            force=agent.must_republish,
         )
-        if (generation, drops) != (agent.generation, agent.check.dropped):
-            continue  # a chunk was dropped meanwhile: not verified after all
+        if not published or (generation, drops) != (agent.generation, agent.check.dropped):
+            continue  # moved to another revision, or a chunk was dropped meanwhile: not verified after all
         agent.must_republish = False
         agent.verified_digest = digest
         agent.check.published_at = time.monotonic()

@@ -51,14 +51,23 @@ def _fingerprint(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 
-def materialise(staging: store.Store, *, model_dir: Path, digest: str, force: bool = False) -> None:
+def materialise(staging: store.Store, *, model_dir: Path, digest: str, revision_id: str, force: bool = False) -> bool:
     """Publish the staged files at ``model_dir`` atomically with a marker naming ``digest``.
 
-    Skipped when the marker already names ``digest`` and nothing changed, unless ``force``.
+    The staged files are held meanwhile (``Store.in_use``); False, and nothing published, if they
+    are no longer of ``revision_id`` (the node moved to another revision). Skipped when the marker
+    already names ``digest`` and nothing changed, unless ``force``.
     """
+    with staging.in_use():
+        if staging.revision is None or staging.revision.id != revision_id:
+            return False
+        _materialise(staging, model_dir=model_dir, digest=digest, force=force)
+        return True
+
+
+def _materialise(staging: store.Store, *, model_dir: Path, digest: str, force: bool) -> None:
     layout, revision = staging.layout, staging.revision
-    if layout is None or revision is None:
-        raise RuntimeError("store is not open")
+    assert layout is not None and revision is not None
     if not force and read_marker(model_dir) == digest and not changed_files(staging, model_dir):
         return
     staging.commit(())

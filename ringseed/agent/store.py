@@ -26,7 +26,9 @@ Rules:
 - Budget: with ``budget`` (``--ssd-bytes``), a write that would take the staged files' real
   allocation (``st_blocks``) above it raises :class:`DiskFull`, as does a file system with less
   free space than the write, or ENOSPC from the write itself. Nothing is journaled for it.
-- All methods block; the agent calls them through ``asyncio.to_thread``.
+- All methods block; the agent calls them through ``asyncio.to_thread``, from several threads at
+  once: reads, writes and commits share the open files, while opening another revision and
+  closing wait for them to finish and hold them off meanwhile (:class:`_Gate`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,53 @@ def write_atomic(path: Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
+class _Gate:
+    """Many users at once (reads, writes, commits) or one owner (open, close), never both.
+
+    A thread already using the gate may use it again (a publish commits), even while an owner waits.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._users = 0
+        self._owned = False
+        self._mine = threading.local()
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        depth = getattr(self._mine, "depth", 0)
+        if not depth:
+            with self._cond:
+                while self._owned:
+                    self._cond.wait()
+                self._users += 1
+        self._mine.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._mine.depth = depth
+            if not depth:
+                with self._cond:
+                    self._users -= 1
+                    if not self._users:
+                        self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            while self._owned:
+                self._cond.wait()
+            self._owned = True
+            while self._users:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._owned = False
+                self._cond.notify_all()
+
+
 @dataclass(frozen=True)
 class Prior:
     """The revision staged before the current one and the chunks it held (hash per index)."""
@@ -143,6 +192,7 @@ class Store:
         self._detach_lock = threading.Lock()
         self._journal: int | None = None
         self._lock_fd: int | None = None
+        self._gate = _Gate()
 
     @property
     def layout(self) -> manifest.Layout | None:
@@ -178,7 +228,11 @@ class Store:
 
     def open(self, target: revision.Revision) -> Opened:
         """Prepare staging for ``target``; keeps what an earlier run of it (or another revision) left."""
-        self.close_files()
+        with self._gate.exclusive():
+            return self._open(target)
+
+    def _open(self, target: revision.Revision) -> Opened:
+        self._close_files()
         saved = self.saved_revision()
         if saved is not None and saved.id == target.id:
             verified = {i: h for i, h in read_journal(self.root / JOURNAL).items() if i < target.layout.chunk_count}
@@ -287,7 +341,10 @@ class Store:
 
         :class:`DiskFull` when the budget or the file system has no room for it.
         """
-        view = memoryview(data)
+        with self._gate.shared():
+            self._write_chunk(index, memoryview(data))
+
+    def _write_chunk(self, index: int, view: memoryview) -> None:
         pieces = self._pieces(index)
         problem = self.room_for(len(view))
         if problem is not None:
@@ -317,7 +374,7 @@ class Store:
         self._journal_lines("".join(f"{i} -\n" for i in indices), sync_data=False)
 
     def _journal_lines(self, lines: str, *, sync_data: bool) -> None:
-        with self._commit_lock:
+        with self._gate.shared(), self._commit_lock:
             if sync_data:
                 with self._lock:
                     dirty, self._dirty = self._dirty, set()
@@ -331,20 +388,26 @@ class Store:
 
     def read_chunk(self, index: int) -> bytes:
         """The chunk's bytes from the staged files."""
-        parts = [os.pread(self._fds[p.path], p.length, p.file_offset) for p in self._pieces(index)]
+        with self._gate.shared():
+            parts = [os.pread(self._fds[p.path], p.length, p.file_offset) for p in self._pieces(index)]
         return b"".join(parts)
 
     def read_prior_chunk(self, prior: manifest.Layout, index: int) -> bytes:
         """Chunk ``index`` of a prior layout, read from the staged files kept by path (may be short)."""
         parts = []
-        for piece in prior.pieces(index):
-            fd = self._fds.get(piece.path)
-            parts.append(os.pread(fd, piece.length, piece.file_offset) if fd is not None else b"")
+        with self._gate.shared():
+            for piece in prior.pieces(index):
+                fd = self._fds.get(piece.path)
+                parts.append(os.pread(fd, piece.length, piece.file_offset) if fd is not None else b"")
         return b"".join(parts)
 
     def file_slices(self, index: int) -> list[tuple[Path, int, int]]:
         """``(staged file, offset, length)`` for sendfile, in chunk order."""
         return [(self.files_dir / p.path, p.file_offset, p.length) for p in self._pieces(index)]
+
+    def in_use(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the staged files as they are (no revision change, no close) for a while: a publish."""
+        return self._gate.shared()
 
     def shared(self) -> None:
         """The staged files were just linked into a published model: copy before the next write."""
@@ -354,6 +417,10 @@ class Store:
     # -- closing ---------------------------------------------------------------------------
 
     def close_files(self) -> None:
+        with self._gate.exclusive():
+            self._close_files()
+
+    def _close_files(self) -> None:
         for fd in [*self._fds.values(), *self._retired]:
             with contextlib.suppress(OSError):
                 os.close(fd)

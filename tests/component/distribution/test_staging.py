@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -60,7 +62,7 @@ def test_a_write_never_goes_through_a_link_into_a_published_model(tmp_path: Path
     held = _fill(staging, {"a.bin": bytes(2 * MiB)})
     model = tmp_path / "data" / "ns" / "m"
     digest = manifest.Manifest(layout=rev.layout, chunk_hashes=tuple(held[i] for i in range(2))).digest
-    publish.materialise(staging, model_dir=model, digest=digest)
+    assert publish.materialise(staging, model_dir=model, digest=digest, revision_id=rev.id)
     assert os.stat(model / "a.bin").st_ino == os.stat(tmp_path / "cache" / "files" / "a.bin").st_ino
     staging.write_chunk(1, b"\x01" * MiB)  # a repair or a new revision writes into staging
     assert (model / "a.bin").read_bytes() == bytes(2 * MiB)  # the published copy kept its bytes
@@ -80,7 +82,9 @@ def test_the_marker_is_a_new_file_and_dropped_chunks_are_not_trusted_after_a_res
     victim.write_text("keep me")
     model.mkdir(parents=True)
     os.link(victim, model / publish.MARKER)  # whatever sits at the marker's name is replaced, never written
-    publish.materialise(staging, model_dir=model, digest=digest, force=True)
+    assert not publish.materialise(staging, model_dir=model, digest=digest, revision_id="0" * 64)
+    assert publish.read_marker(model) is None  # staging holds another revision: nothing published
+    publish.materialise(staging, model_dir=model, digest=digest, revision_id=rev.id, force=True)
     assert victim.read_text() == "keep me" and publish.read_marker(model) == digest
     assert publish.changed_files(staging, model) == []
     staging.drop([1])
@@ -96,7 +100,8 @@ def test_fingerprints_name_files_changed_after_publishing(tmp_path: Path) -> Non
     staging.open(rev)
     held = _fill(staging, {"a.bin": os.urandom(MiB), "b.bin": os.urandom(MiB)})
     model = tmp_path / "data" / "ns" / "m"
-    publish.materialise(staging, model_dir=model, digest=manifest.Manifest(rev.layout, (held[0], held[1])).digest)
+    digest = manifest.Manifest(rev.layout, (held[0], held[1])).digest
+    publish.materialise(staging, model_dir=model, digest=digest, revision_id=rev.id)
     with open(model / "b.bin", "r+b") as f:  # a byte flipped at rest (the write also moves the mtime)
         f.seek(100)
         f.write(b"\xff")
@@ -137,3 +142,33 @@ def test_one_agent_per_staging_directory(tmp_path: Path) -> None:
     second = store.Store(tmp_path / "cache")
     second.acquire()  # released with the first one
     second.close()
+
+
+def test_a_revision_change_waits_for_reads_and_publishes_in_progress(tmp_path: Path) -> None:
+    old, new = _rev({"a.bin": 2 * MiB}), _rev({"a.bin": 2 * MiB, "b.bin": 5}, tag="u")
+    staging = store.Store(tmp_path / "cache")
+    staging.open(old)
+    _fill(staging, {"a.bin": os.urandom(2 * MiB)})
+    events: list[str] = []
+    inside, release = threading.Event(), threading.Event()
+
+    def publishing() -> None:
+        with staging.in_use():  # as publish.materialise holds the staged files
+            inside.set()
+            release.wait(30)
+            events.append(f"published {staging.saved_revision() == old}")
+
+    reader = threading.Thread(target=publishing)
+    reader.start()
+    assert inside.wait(30)
+    mover = threading.Thread(target=lambda: events.append(f"moved {staging.open(new).prior is not None}"))
+    mover.start()
+    deadline = time.monotonic() + 30
+    while not staging._gate._owned and time.monotonic() < deadline:  # the move is waiting for the gate
+        time.sleep(0.01)
+    assert staging._gate._owned and events == []
+    release.set()
+    reader.join(30)
+    mover.join(30)
+    assert events == ["published True", "moved True"]
+    staging.close()

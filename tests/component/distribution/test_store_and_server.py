@@ -46,7 +46,7 @@ def test_journal_survives_reopen_and_model_appears_whole(tmp_path: Path, layout:
         again.write_chunk(index, _chunk(data, layout, index))
     model_dir = tmp_path / "data" / "ns" / "m"
     digest = manifest.Manifest(layout=layout, chunk_hashes=tuple(hashes)).digest
-    publish.materialise(again, model_dir=model_dir, digest=digest)
+    publish.materialise(again, model_dir=model_dir, digest=digest, revision_id=revision.Revision(layout=layout).id)
     assert (model_dir / "a.bin").read_bytes() + (model_dir / "d" / "b.bin").read_bytes() == data
     assert publish.read_marker(model_dir) == digest
     assert os.stat(model_dir / "d" / "b.bin").st_mode & 0o777 == 0o600

@@ -343,7 +343,11 @@ class Agent:
         self._absorb(reply)
 
     def _absorb(self, reply: dict[str, Any]) -> None:
+        gained = bool(reply.get("origin_duty")) and not self.origin_duty
         self.origin_duty = bool(reply.get("origin_duty"))
+        if gained:  # a new duty holder checks the revision against the source first (revisions rules)
+            self.source_changed.set()
+            self.revision_news.set()
         self.sync_state["epoch"] = reply.get("epoch")
         self.tracker_revision = reply.get("revision")
         self.tracker_confirmed = bool(reply.get("revision_confirmed"))

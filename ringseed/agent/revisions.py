@@ -4,10 +4,12 @@ Rules (``ringseed.protocol.revision`` has the model):
 - The agent on origin duty takes the revision from the source (a listing with each file's
   size and tag, or the published manifest) and publishes it (``PUT /v1/manifest`` naming the
   revision it replaces) whenever the tracker's revision is unknown or unconfirmed (a fresh or
-  restarted master, a new duty holder), a read found the source changed (``source_changed``),
+  restarted master), it has just gained the duty, a read found the source changed (``source_changed``),
   or the source contradicts the published manifest (``SourceChanged``: a new manifest may come).
   Takes are spaced by a growing back-off while the source keeps changing, and failures (origin
   errors, a source that makes no model) are named problems retried with back-off.
+- Between those moments the revision stays pinned: a source that changes while nobody reads it
+  is taken up at the next of them, never mixed in.
 - Every agent follows the tracker's revision: when a heartbeat or registration names another
   one, it fetches it (``GET /v1/manifest``) and :func:`adopt`-s it. Staging keeps the files the
   new revision still has; chunks whose bytes stay in place are *candidates*, checked by hash

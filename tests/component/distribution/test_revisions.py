@@ -135,3 +135,24 @@ def test_a_manifest_source_overwritten_mid_pull_is_re_read_boundedly_and_named(
     assert status["manifest_digest"] == new.digest == status["revision"]
     assert_copies(local, new)
     assert status["bytes_from_origin"] <= old.layout.total_size + 4 * changed
+
+
+def test_a_change_nobody_reads_is_taken_up_when_origin_duty_moves(
+    tmp_path: Path, swarm_factory: Callable[..., swarm.LocalSwarm]
+) -> None:
+    root = make_model(tmp_path / "model", odd_sizes(8, files=2))
+    local = swarm_factory(source=root.as_uri(), nodes=3, chunk_size=MiB, offline_after=3.0)
+    local.start()
+    first = local.wait_for(local.all_verified, timeout=120, what="3 verified copies")
+    _replace(root / "shard-01.bin")  # complete: nobody reads the source, the revision stays pinned
+    expected = source_manifest(root, chunk_size=MiB)
+    duty = first["origin_duty"][0]
+    local.kill(duty)  # the next holder takes the revision from the source as it gets the duty
+    others = [n for n in local.names if n != duty]
+    status = local.wait_for(
+        lambda s: s["manifest_digest"] == expected.digest and local.all_verified(s, others),
+        timeout=120,
+        what="the others verified under the new revision",
+    )
+    assert status["revision"] != first["revision"] and status["revision_confirmed"]
+    assert_copies(local, expected, others)

@@ -252,7 +252,23 @@ class LocalSwarm:
                 return status
             self.check_alive()
             time.sleep(0.2)
-        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}; last status: {self.status()}")
+        status = self.status()
+        raise TimeoutError(
+            f"timed out after {timeout:.0f}s waiting for {what}; last status: {status}{self._stuck_logs(status)}"
+        )
+
+    def _stuck_logs(self, status: dict[str, Any] | None, *, lines: int = 20) -> str:
+        """The last lines of the log of each agent that is not verified, for a timeout's message."""
+        nodes = (status or {}).get("nodes") or {}
+        names = [name for name in self.agent_ports if not (nodes.get(name) or {}).get("verified")]
+        parts = []
+        for name in names:
+            try:
+                tail = self.log_path(name).read_text(errors="replace").splitlines()[-lines:]
+            except OSError:
+                continue
+            parts.append(f"\n--- last {len(tail)} lines of {self.log_path(name)} ---\n" + "\n".join(tail))
+        return "".join(parts)
 
     def log_path(self, name: str) -> Path:
         return self.workdir / "logs" / f"{name}.log"

@@ -15,6 +15,8 @@ threads) before and after each transfer, so process start-up is not counted.
 - origin: one agent on origin duty pulls the model from a ``file://`` origin in RAM (reads,
   hashes, stores). Gate: the agent is up and idle before the master starts. Its memory tier
   holds the whole model, so it then serves it from memory to one receiver (``1 to 1, memory``).
+  Then another agent pulls it from an HTTP origin on loopback (``bench/baselines/http_origin.py``,
+  ranged GETs), the server's CPU not counted.
 - serve K: one holder (an agent restarted over a complete staging directory, so it serves from
   its staged files) and K receivers that start empty. The holder only sends; receivers receive
   and relay to each other (their bytes are in + out).
@@ -322,6 +324,33 @@ def ringseed_origin(
     return pulled, served, local.staging("origin-puller")
 
 
+def ringseed_http_origin(
+    *, work: Path, source: Path, chunk: int, memory: int, expected: manifest.Manifest
+) -> dict[str, Any]:
+    """One agent pulls the model from an HTTP origin on loopback (ranged GETs; aiohttp's FileResponse
+    serves them with sendfile); only the agent's CPU is counted."""
+    port = swarm.free_port()
+    argv = [common.PY, "-m", "bench.baselines.http_origin", str(source), "--host", "127.0.0.1", "--port", str(port)]
+    server = common.spawn(None, argv, log=work / "logs" / "http-origin.log")
+    try:
+        common.read_line(server, timeout=60, what="the HTTP origin")
+        with Swarm(workdir=work, source=f"http://127.0.0.1:{port}/", chunk=chunk, memory=memory) as local:
+            puller = local.start_node("origin-puller", role="receiver")
+            wait_idle([puller])
+            puller.cpu_before = puller.sample()
+            started = time.monotonic()
+            local.start_master()
+            local.wait_for(local.all_verified, timeout=600, what="the HTTP origin pull")
+            seconds = time.monotonic() - started
+            puller.cpu_after = puller.sample()
+            puller.received = int((local.agent_metrics(puller.name) or {}).get("ringseed_agent_bytes_from_origin", 0))
+        _check_copies(["origin-puller"], local.model_dir, expected)
+    finally:
+        server.kill()
+        server.wait()
+    return {"seconds": seconds, "procs": [puller]}
+
+
 def ringseed_swarm(
     *,
     work: Path,
@@ -551,6 +580,12 @@ def run_all(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
         )
         rows += print_rows("origin file://", "ringseed", pulled, size=size)
         rows += print_rows("1 to 1, memory", "ringseed", served, size=size)
+        if not args.profile:
+            over_http = ringseed_http_origin(
+                work=work / "origin-http", source=source, chunk=chunk, memory=memory, expected=expected
+            )
+            rows += print_rows("origin http://", "ringseed", over_http, size=size)
+            shutil.rmtree(work / "origin-http", ignore_errors=True)
     shapes = [(1, k) for k in args.receivers] + [(h, 1) for h in args.holders if h != 1 or 1 not in args.receivers]
     torrent = None
     if "libtorrent" in methods:

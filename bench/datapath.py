@@ -29,8 +29,13 @@ threads) before and after each transfer, so process start-up is not counted.
   one peer; peers save into RAM too). Gate: every process loaded its torrent (seeds: checked).
 
 Columns: bytes a role moved, its CPU (user + system), GB per CPU-second, ns of CPU per byte,
-and the copies delivered per wall second. ``--profile perf|py-spy|strace`` runs only ringseed's
-one-to-one transfers with the tool attached (see BENCHMARKS.md for reading the files).
+the copies delivered per wall second and the chunk requests the role refused busy (429). The CPU
+includes what an agent spends whether or not it moves bytes (heartbeats, its loops; measured once
+per run on the idle origin puller and printed): on a loaded machine, where a transfer takes many
+seconds, that share of the ns per byte is larger than at NIC speed.
+
+``--profile perf|py-spy|strace`` runs only ringseed's one-to-one transfers with the tool attached
+(see BENCHMARKS.md for reading the files).
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from ringseed.local import swarm
 from ringseed.protocol import manifest, units
 
 GB = 1e9
+IDLE_WINDOW_S = 5.0
 HEARTBEAT_S = 2.0  # the master's default heartbeat interval (agents heartbeat sooner when they have news)
 
 
@@ -240,6 +246,14 @@ def wait_idle(procs: list[Proc], *, timeout: float = 60.0, quiet: float = 0.02) 
     raise TimeoutError(f"processes still busy after {timeout:.0f}s: {[p.name for p in procs]}")
 
 
+def idle_rate(proc: Proc, *, window: float = IDLE_WINDOW_S) -> float:
+    """CPU-seconds per second ``proc`` uses while it moves no byte (heartbeats, the agent's loops)."""
+    wait_idle([proc])
+    before, started = sum(proc.sample()), time.monotonic()
+    time.sleep(window)
+    return (sum(proc.sample()) - before) / (time.monotonic() - started)
+
+
 class Swarm(swarm.LocalSwarm):
     """A loopback master and agents measured as :class:`Proc` (the background scrub off: it re-hashes
     staged chunks at 16 MiB/s once a model is published, which is not the data path)."""
@@ -317,7 +331,7 @@ def ringseed_origin(
         seconds = time.monotonic() - started
         puller.cpu_after = puller.sample()
         puller.received = int((local.agent_metrics(puller.name) or {}).get("ringseed_agent_bytes_from_origin", 0))
-        pulled = {"seconds": seconds, "procs": [puller]}
+        pulled = {"seconds": seconds, "procs": [puller], "idle_cpu_per_s": idle_rate(puller)}
         holder = Proc(name=puller.name, role="sender", popen=puller.popen, port=puller.port)
         served = _transfer(local, [holder], receivers=1, profile=profile)
     _check_copies(["origin-puller", "receiver-0"], local.model_dir, expected)
@@ -579,6 +593,9 @@ def run_all(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
             work=work / "origin", source=source, chunk=chunk, memory=memory, expected=expected, profile=args.profile
         )
         rows += print_rows("origin file://", "ringseed", pulled, size=size)
+        idle = pulled["idle_cpu_per_s"]
+        rows.append({"scenario": "idle agent", "cpu_per_s": idle})
+        print(f"  (an idle agent, complete and heartbeating, uses {idle * 1e3:.1f} ms of CPU per second)", flush=True)
         rows += print_rows("1 to 1, memory", "ringseed", served, size=size)
         if not args.profile:
             over_http = ringseed_http_origin(

@@ -157,6 +157,12 @@ class LeaseLock:
         except OSError as exc:
             raise LockError(f"Lease {self.namespace}/{self.name}: {method} failed: {exc}") from exc
 
+    async def _patch(self, body: dict[str, Any]) -> Any:
+        # a JSON merge patch (the client would send a dict as a JSON patch, which the server refuses)
+        return await self._call(
+            "patch_namespaced_lease", self.name, self.namespace, body, _content_type="application/merge-patch+json"
+        )
+
     async def _get(self) -> dict[str, Any] | None:
         from kubernetes.client.exceptions import ApiException
 
@@ -199,7 +205,7 @@ class LeaseLock:
                 if holder != self.identity:
                     spec["acquireTime"] = _micro(now)
                 patch = {"metadata": {"resourceVersion": lease["metadata"].get("resourceVersion")}, "spec": spec}
-                updated = await self._call("patch_namespaced_lease", self.name, self.namespace, patch)
+                updated = await self._patch(patch)
                 self._version = getattr(updated.metadata, "resource_version", None)
         except ApiException as exc:
             if exc.status == 409:  # someone else won the race
@@ -223,8 +229,7 @@ class LeaseLock:
             return
         self._valid_until = 0.0
         with contextlib.suppress(Exception):
-            patch = {"spec": {"holderIdentity": "", "renewTime": None}}
-            await self._call("patch_namespaced_lease", self.name, self.namespace, patch)
+            await self._patch({"spec": {"holderIdentity": "", "renewTime": None}})
 
     async def read(self) -> election.Record:
         lease = await self._get()
@@ -237,8 +242,7 @@ class LeaseLock:
     async def write(self, record: election.Record) -> None:
         if not self.held():
             raise LockError("only the Lease holder writes the election record")
-        patch = {"metadata": {"annotations": {RECORD_ANNOTATION: json.dumps(record.to_dict())}}}
-        await self._call("patch_namespaced_lease", self.name, self.namespace, patch)
+        await self._patch({"metadata": {"annotations": {RECORD_ANNOTATION: json.dumps(record.to_dict())}}})
 
     def held(self) -> bool:
         return time.monotonic() < self._valid_until

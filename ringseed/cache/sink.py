@@ -79,7 +79,7 @@ def open_sink(uri: str, *, rate_limit: float | None, secret_env: Mapping[str, st
         return FileSink(uri, limiter=limiter)
     if scheme == "s3":
         directory = uri if uri.endswith("/") else uri + "/"
-        return S3Sink(directory, limiter=limiter, policy=base.RetryPolicy(), secret_env=secret_env)
+        return S3Sink(directory, limiter=limiter, policy=base.RetryPolicy(), secret_env=secret_env, read_timeout=900.0)
     raise SinkError(f"{uri}: unsupported sink scheme {scheme!r} (use file:// or s3://)")
 
 
@@ -155,8 +155,12 @@ class S3Sink(s3.S3Origin):
         limiter: base.RateLimiter,
         policy: base.RetryPolicy,
         secret_env: Mapping[str, str] | None = None,
+        read_timeout: float = 900.0,
     ) -> None:
-        super().__init__(uri, limiter=base.RateLimiter(None), policy=policy, secret_env=secret_env)
+        # completing a multipart upload of a large object can take minutes (S3 says so); a part
+        # upload is paced by our own limiter, not cut by a read timeout
+        super().__init__(uri, limiter=base.RateLimiter(None), policy=policy, secret_env=secret_env,
+                         read_timeout=read_timeout)  # fmt: skip
         self.pace = limiter
 
     def _url(self, path: str, query: str = "") -> str:

@@ -91,3 +91,28 @@ def test_the_filesystem_is_registered_through_the_entry_point(tmp_path: Path) ->
     from ringseed.fs import spec
 
     assert fsspec.get_filesystem_class("ringseed") is spec.RingseedFileSystem
+
+
+async def test_async_save_takes_a_snapshot_so_training_may_change_the_tensors_at_once(nodes: Cluster) -> None:
+    from ringseed.fs import checkpoint
+
+    sd = state_dict(3)
+    before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in sd.items()}
+
+    def save_then_train() -> tuple[object, object]:
+        first = checkpoint.save(sd, "snap/1.pt")
+        for value in sd.values():  # the next training step overwrites the weights in place
+            if isinstance(value, torch.Tensor):
+                value.add_(1)
+        first.wait(timeout=60)
+        second = checkpoint.save(sd, "snap/2.pt")  # same shapes: reuses the staging buffers
+        second.wait(timeout=60)
+        return (
+            torch.load(checkpoint.open_read("snap/1.pt"), weights_only=True),
+            torch.load(checkpoint.open_read("snap/2.pt"), weights_only=True),
+        )
+
+    one, two = await asyncio.to_thread(save_then_train)
+    assert same(before, one)  # type: ignore[arg-type]
+    assert same(sd, two)  # type: ignore[arg-type]
+    checkpoint.release_staging()

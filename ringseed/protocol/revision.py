@@ -7,7 +7,7 @@ belongs to another revision. Pure: no I/O, no clock.
 Rules:
 - A revision is taken once, by the agent on origin duty: from a published manifest (the id is
   the manifest digest; the chunk hashes pin every byte) or from a listing of the source (each
-  file's size and ``tag``: an ETag/Last-Modified for HTTP and S3, ``mtime_ns:inode`` for files;
+  file's size and ``tag``: an ETag/Last-Modified for HTTP and S3, ``mtime_ns`` for files;
   ``""`` when the source gives none). A listing revision's id is the SHA-256 of the canonical
   JSON of its layout and tags, so any change of a file's size, mode or identity is a new id.
 - Every origin read of a listing revision is checked against the file's pinned size and tag

@@ -15,10 +15,18 @@ Rules:
   folder (``models--org--name``, also ``datasets--``/``spaces--``); links leaving it are still
   rejected. Files keep their names in the snapshot (``config.json``, not the blob hash).
 - Modes keep the permission bits (``st_mode & 0o777``) of the file (the link's target).
-- A file's tag (its identity for a revision) is ``<mtime_ns>:<inode>`` of the target: an
-  in-place write changes the mtime, a write + rename the inode. A read of a pinned path checks
-  size and tag with ``fstat`` on the open file before and after the bytes are read, so bytes
-  from a file changed meanwhile raise :class:`base.SourceChanged` instead of being returned.
+- A file's tag (its identity for a revision) is ``<mtime_ns>`` of the target, with its size in
+  the listing: an in-place write changes the mtime, and so does a write + rename (the new file's
+  own mtime). The tag is the same on every node that sees the same files: an NFS or CephFS share,
+  a bucket's FUSE mount (whose inode numbers are made up per mount), copies made with their times
+  (``cp -p``, ``rsync -a``); so the node that takes over origin duty, or confirms the revision
+  after a master restart, finds the revision another node listed. (Copies made without their
+  times differ: a new duty holder then sees a new revision and reads its copy again.)
+- A read of a pinned path checks size and tag with ``fstat`` on the open file before and after
+  the bytes are read, and the inode against the one this origin object first saw for the path
+  under the current pins (at its listing or first read): bytes from a file changed or replaced
+  meanwhile, even by a rename that kept the mtime, raise :class:`base.SourceChanged` instead of
+  being returned. The inode stays local to the node; it never enters the revision.
 - Reads run in a worker thread (``os.pread``) and pass through the origin's rate limit.
 """
 
@@ -38,8 +46,8 @@ _READ_STEP = 4 << 20
 
 
 def tag_of(st: os.stat_result) -> str:
-    """A file's identity for a revision: ``<mtime_ns>:<inode>``."""
-    return f"{st.st_mtime_ns}:{st.st_ino}"
+    """A file's identity for a revision: ``<mtime_ns>`` (the same on every node seeing the same file)."""
+    return str(st.st_mtime_ns)
 
 
 def path_of(uri: str) -> Path:
@@ -80,6 +88,8 @@ class FileOrigin:
         hub = None if self._single else hub_repo_folder(self._root)
         self._allowed = hub if hub is not None else self._root  # where links may point
         self._pins: dict[str, base.Pin] = {}
+        self._listed: dict[str, tuple[base.Pin, int]] = {}  # path -> ((size, tag), inode) at the last listing
+        self._inodes: dict[str, int] = {}  # path -> inode the pinned reads must keep finding
 
     async def list_files(self) -> list[tuple[str, int, int]]:
         return [(p, s, m) for p, s, m, _ in await self.listing()]
@@ -89,6 +99,7 @@ class FileOrigin:
 
     def pin(self, pins: Mapping[str, base.Pin]) -> None:
         self._pins = dict(pins)
+        self._inodes = {p: ino for p, (pin, ino) in self._listed.items() if pins.get(p) == pin}
 
     def _list_sync(self) -> base.Listing:
         if not self._given.exists() and not self._given.is_symlink():
@@ -96,10 +107,12 @@ class FileOrigin:
         if self._single:
             target = self._check(self._given, self._given.name)
             st = target.stat()
+            self._listed = {self._given.name: ((st.st_size, tag_of(st)), st.st_ino)}
             return [(self._given.name, st.st_size, stat.S_IMODE(st.st_mode) & 0o777, tag_of(st))]
         if not self._given.is_dir():
             raise base.OriginError(f"{self.uri}: is neither a regular file nor a directory")
         out: base.Listing = []
+        listed: dict[str, tuple[base.Pin, int]] = {}
         for dirpath, dirnames, filenames in os.walk(self._given, followlinks=False):
             for name in sorted(dirnames):
                 if os.path.islink(os.path.join(dirpath, name)):
@@ -110,6 +123,8 @@ class FileOrigin:
                 rel = full.relative_to(self._given).as_posix()
                 st = self._check(full, rel).stat()
                 out.append((rel, st.st_size, stat.S_IMODE(st.st_mode) & 0o777, tag_of(st)))
+                listed[rel] = ((st.st_size, tag_of(st)), st.st_ino)
+        self._listed = listed
         return out
 
     def _check(self, full: Path, rel: str) -> Path:
@@ -168,7 +183,7 @@ class FileOrigin:
             os.close(fd)
 
     def _check_pin(self, path: str, fd: int) -> None:
-        """SourceChanged unless the open file still has the pinned size and tag."""
+        """SourceChanged unless the open file still has the pinned size and tag, and the inode first seen."""
         pinned = self._pins.get(path)
         if pinned is None:
             return
@@ -178,6 +193,12 @@ class FileOrigin:
             raise base.SourceChanged(
                 f"{self.uri}: {path!r} changed since it was listed (size {size} -> {st.st_size}, "
                 f"identity {tag or '?'} -> {tag_of(st)})",
+                path=path,
+            )
+        inode = self._inodes.setdefault(path, st.st_ino)
+        if st.st_ino != inode:
+            raise base.SourceChanged(
+                f"{self.uri}: {path!r} was replaced since it was listed (inode {inode} -> {st.st_ino}, same mtime)",
                 path=path,
             )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -69,6 +70,34 @@ def test_killed_origin_duty_agent_hands_over_and_origin_is_read_about_once(
         sent = origin.bytes_sent
     assert_copies(local, expected, others)
     assert sent <= 1.1 * expected.layout.total_size, sent / expected.layout.total_size
+
+
+def test_per_node_copies_of_a_file_source_keep_one_revision_across_a_duty_handover(
+    tmp_path: Path, swarm_factory: Callable[..., swarm.LocalSwarm]
+) -> None:
+    """Each node reads its own copy of the source (copied with its times, as ``cp -p`` or
+    ``rsync -a`` do; or a bucket's FUSE mount, whose inode numbers are per mount): the copies'
+    identities agree, so the node taking over origin duty goes on with the same revision instead
+    of seeing a changed source, re-reading it and moving the swarm to a new revision."""
+    root = make_model(tmp_path / "model", odd_sizes(48, files=6))
+    expected = source_manifest(root, chunk_size=MiB)
+    local = swarm_factory(source=root.as_uri(), nodes=4, chunk_size=MiB, origin_rate_limit=RATE, offline_after=3.0)
+    local.start_master()
+    for name in local.names:
+        copy = shutil.copytree(root, tmp_path / "shares" / name)  # other inodes, the same mtimes
+        local.source = copy.as_uri()
+        local.start_agent(name)
+    duty = _duty_holder(local)
+    before = local.wait_for(lambda s: _chunks(s, duty) >= expected.layout.chunk_count * 0.4, timeout=120, what="40%")
+    local.kill(duty)
+    others = [n for n in local.names if n != duty]
+    status = local.wait_for(lambda s: local.all_verified(s, others), timeout=120, what="others verified")
+    assert status["origin_duty"] and status["origin_duty"][0] != duty
+    assert status["revision"] == before["revision"], "the new duty holder saw another revision in its copy"
+    assert_copies(local, expected, others)
+    assert status["bytes_from_origin"] <= 1.1 * expected.layout.total_size, status["bytes_from_origin"]
+    for name in others:
+        assert status["nodes"][name]["bytes_fetched"] <= expected.layout.total_size + MiB, (name, status["nodes"][name])
 
 
 def test_master_killed_and_restarted_mid_transfer(

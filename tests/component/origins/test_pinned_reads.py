@@ -3,7 +3,8 @@
 Every origin: the listing carries each file's identity (tag); a pinned read of a file that was
 rewritten in place (same size), replaced (write + rename), resized, or rewritten while it was
 being read raises ``SourceChanged`` naming the file; an unpinned read (building a manifest)
-is unaffected. (File tags are ``mtime_ns:inode``: an in-place write within one clock tick of
+is unaffected. (File tags are ``mtime_ns``, the same for every node's copy made with its
+times; the inode is checked on the reading node only. An in-place write within one clock tick of
 the listing is seen because Linux >= 6.13 gives fine-grained mtimes to files whose times were
 read; on older kernels such a write can go unseen without a manifest.)
 """
@@ -11,11 +12,13 @@ read; on older kernels such a write can go unseen without a manifest.)
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 from ringseed.agent import origins
+from ringseed.protocol import revision
 from tests.component.origins import servers
 
 MI = 1 << 20
@@ -56,6 +59,38 @@ async def test_file_origin_refuses_a_file_changed_since_the_listing(tmp_path: Pa
     assert len(await origin.read("a.bin", 0, 10)) == 10  # other files still read fine
     origin.pin({})
     assert len(await origin.read("d/b.bin", 0, 10)) == 10  # unpinned: no check
+
+
+async def test_file_copies_with_their_times_list_the_same_revision(tmp_path: Path) -> None:
+    """Two nodes' copies (other inodes, same times: ``cp -p``, ``rsync -a``, a bucket's FUSE mount) are
+    one revision, so a new origin-duty node confirms the revision another node listed."""
+    root = _tree(tmp_path / "src")
+    copy = shutil.copytree(root, tmp_path / "copy")
+    assert (copy / "a.bin").stat().st_ino != (root / "a.bin").stat().st_ino
+    ours = await origins.open_origin(root.as_uri()).listing()
+    theirs = await origins.open_origin(copy.as_uri()).listing()
+    assert sorted(ours) == sorted(theirs)
+    of_listing = revision.Revision.of_listing
+    assert of_listing(ours, chunk_size=MI).id == of_listing(theirs, chunk_size=MI).id
+    reader = origins.open_origin(copy.as_uri())
+    reader.pin(_pins(ours))  # pinned to the revision the other node listed: reads here pass
+    assert await reader.read("d/b.bin", 0, 10) == (root / "d/b.bin").read_bytes()[:10]
+
+
+@pytest.mark.parametrize("listed_here", [True, False], ids=["listed-here", "first-read"])
+async def test_file_origin_refuses_a_replacement_that_kept_the_mtime(tmp_path: Path, listed_here: bool) -> None:
+    root = _tree(tmp_path / "src")
+    origin = origins.open_origin(root.as_uri())
+    pins = _pins(await origins.open_origin(root.as_uri()).listing())
+    if listed_here:
+        await origin.listing()
+    origin.pin(pins)
+    assert len(await origin.read("d/b.bin", 0, 10)) == 10
+    before = (root / "d/b.bin").stat()
+    _replace(root / "d/b.bin")
+    os.utime(root / "d/b.bin", ns=(before.st_atime_ns, before.st_mtime_ns))  # as ``cp -p`` of other bytes would
+    with pytest.raises(origins.SourceChanged, match=r"'d/b.bin' was replaced since it was listed"):
+        await origin.read("d/b.bin", 0, 10)
 
 
 async def test_file_origin_notices_a_write_during_the_read(tmp_path: Path) -> None:

@@ -94,6 +94,7 @@ class Config:
     scrub_rate: float = 16 << 20  # bytes/s re-hashed from disk while idle (0: off)
     scrub_after: float = 60.0  # seconds after publishing before the background check starts
     verify_on_start: bool = False
+    source_check_interval: float = 300.0  # seconds between the duty holder's checks of the source for changes
 
 
 class Agent:

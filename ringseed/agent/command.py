@@ -69,6 +69,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="hash every staged chunk from disk at start, bad ones refetched (default: off)",
     )
     parser.add_argument(
+        "--source-check-interval",
+        type=cmdline.positive_seconds,
+        default=300.0,
+        help="seconds between checks of the source for changes by the agent on origin duty (a listing)",
+    )
+    parser.add_argument(
         "--origin-rate-limit",
         type=cmdline.positive_size,
         default=None,
@@ -165,6 +171,7 @@ def _config(args: argparse.Namespace, *, token: str, namespace: str, name: str) 
         scrub_rate=float(args.scrub_rate),
         scrub_after=float(args.scrub_after),
         verify_on_start=bool(args.verify_on_start),
+        source_check_interval=float(args.source_check_interval),
     )
 
 

@@ -8,8 +8,12 @@ Rules (``ringseed.protocol.revision`` has the model):
   or the source contradicts the published manifest (``SourceChanged``: a new manifest may come).
   Takes are spaced by a growing back-off while the source keeps changing, and failures (origin
   errors, a source that makes no model) are named problems retried with back-off.
-- Between those moments the revision stays pinned: a source that changes while nobody reads it
-  is taken up at the next of them, never mixed in.
+- Between those moments, the agent on duty checks the source every ``--source-check-interval``
+  (:func:`check_source`, ``revision.SourceChecks``): the same listing (or manifest) a take reads,
+  and a take when it names another revision. So a source changed in place after every node is
+  verified (nobody reads it then) moves the swarm within about one interval. A check that fails
+  is retried with back-off and only logged: the copies stay what the revision says, never
+  a mix of two.
 - Every agent follows the tracker's revision: when a heartbeat or registration names another
   one, it fetches it (``GET /v1/manifest``) and :func:`adopt`-s it. Staging keeps the files the
   new revision still has; chunks whose bytes stay in place are *candidates*, checked by hash
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
     from ringseed.agent.agent import Agent
 
 log = logging.getLogger(__name__)
+SOURCE_CHECK_CAP = 3600.0  # longest wait between source checks while they fail
 
 
 async def adopt(agent: Agent, target: revision.Revision, *, hashes: Sequence[Any] | None) -> None:
@@ -84,8 +89,16 @@ def _must_take(agent: Agent) -> bool:
     return agent.origin_duty and (agent.tracker_revision is None or not agent.tracker_confirmed or stale)
 
 
+def _settled(agent: Agent) -> bool:
+    """On duty, holding the tracker's confirmed revision: what a source check compares against."""
+    rev = agent.revision
+    return agent.origin_duty and agent.tracker_confirmed and rev is not None and rev.id == agent.tracker_revision
+
+
 async def revision_loop(agent: Agent) -> None:
     takes: backoff.Backoff[str] = backoff.Backoff(base=0.5, cap=30.0)
+    interval = agent.config.source_check_interval
+    checks = revision.SourceChecks(interval=interval, cap=max(interval, SOURCE_CHECK_CAP))
     while True:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(agent.revision_news.wait(), timeout=max(0.1, agent.heartbeat_interval / 2))
@@ -93,6 +106,8 @@ async def revision_loop(agent: Agent) -> None:
         try:
             if _must_take(agent) and takes.ready("take", now=time.monotonic()):
                 await _take(agent, takes)
+            elif _settled(agent) and checks.due(time.monotonic()):
+                await check_source(agent, checks)
             target = agent.tracker_revision
             if target is not None and (agent.revision is None or agent.revision.id != target):
                 await follow(agent, target)
@@ -109,6 +124,24 @@ async def _take(agent: Agent, takes: backoff.Backoff[str]) -> None:
         takes.failed("take", now=time.monotonic())  # the source changed (or still contradicts it): space takes out
     else:
         takes.succeeded("take")
+
+
+async def check_source(agent: Agent, checks: revision.SourceChecks) -> None:
+    """Compare the source with the distributed revision; another one is taken (``source_changed``)."""
+    started = time.monotonic()
+    try:
+        current, _ = await from_source(agent)
+    except manifest.ManifestError:
+        current = None  # a manifest that no longer makes this model: the take names the problem
+    except origins.OriginError as exc:
+        wait = checks.failed(started)
+        log.info("Checking the source for changes failed (%s); next check in %.0f s", exc, wait)
+        return
+    checks.read(started)
+    if current is None or current.id != agent.tracker_revision:
+        log.info("The source no longer is revision %s; taking it again", str(agent.tracker_revision)[:16])
+        agent.source_changed.set()
+        agent.revision_news.set()
 
 
 async def from_source(agent: Agent) -> tuple[revision.Revision, list[str] | None]:

@@ -19,6 +19,11 @@ Rules:
   size and tag is *provable* (:func:`provable`): the agent on origin duty may hash it locally
   and publish that hash instead of pulling the chunk from the origin again, so a new revision
   costs the origin only what changed.
+- Source checks (:class:`SourceChecks`): the agent on origin duty compares the source with the
+  revision the swarm distributes every ``interval`` seconds, also long after every node is
+  verified (nobody reads the source then), so a source changed in place never stays behind a
+  verified status for longer than about one interval. A check that could not read the source is
+  tried again after a back-off that starts at about the interval and doubles up to ``cap``.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ringseed.protocol import manifest
+from ringseed.protocol import backoff, manifest
 
 MAX_TAG = 512
 Ranges = dict[str, list[tuple[int, int]]]
@@ -179,3 +185,36 @@ def prior_chunks(old: manifest.Layout, new: manifest.Layout, index: int) -> set[
         end = start + piece.length
         out.update(range(start // old.chunk_size, (end - 1) // old.chunk_size + 1))
     return out
+
+
+class SourceChecks:
+    """When the agent on origin duty next compares the source with the distributed revision.
+
+    ``due(now)`` is first true ``interval`` seconds after the first call; ``read(now)`` (the
+    source was read: a check or a take) schedules the next check one interval later;
+    ``failed(now)`` schedules a retry after the back-off (``interval`` doubling up to ``cap``,
+    jittered) and returns the wait."""
+
+    def __init__(self, *, interval: float, cap: float, rng: random.Random | None = None) -> None:
+        if interval <= 0 or cap < interval:
+            raise ValueError(f"source checks need 0 < interval <= cap, got {interval} and {cap}")
+        self.interval = interval
+        self.cap = cap
+        self.rng = rng or random.Random()
+        self.failures = 0
+        self._next: float | None = None
+
+    def due(self, now: float) -> bool:
+        if self._next is None:
+            self._next = now + self.interval
+        return now >= self._next
+
+    def read(self, now: float) -> None:
+        self.failures = 0
+        self._next = now + self.interval
+
+    def failed(self, now: float) -> float:
+        self.failures += 1
+        wait = backoff.delay(self.failures, base=self.interval, cap=self.cap, rng=self.rng)
+        self._next = now + wait
+        return wait

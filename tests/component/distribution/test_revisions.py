@@ -4,6 +4,8 @@
   everywhere, and costs the origin and the peers only what changed.
 - A source replaced while it is being pulled ends with every node holding one whole revision
   (the new one), never a mix.
+- A source changed after every node is verified (nobody reads it then) is found by the origin-duty
+  agent's periodic check and reaches every node.
 - With a published manifest, a source overwritten mid-pull is re-read a bounded number of
   times, the nodes name the problem (``SourceChanged``), and a newly published manifest moves
   the swarm on.
@@ -88,6 +90,27 @@ def test_cli_rerun_on_a_changed_source_reports_new_bytes_not_ok_with_old_ones(
     assert runs[1]["manifest_digest"] == source_manifest(root, chunk_size=MiB).digest != runs[0]["manifest_digest"]
     assert all(node["verified"] for run in runs for node in run["nodes"].values())
     assert runs[1]["origin_bytes"] < runs[0]["origin_bytes"]  # only the changed part left the origin again
+
+
+@pytest.mark.parametrize("change", [_overwrite_in_place, _replace], ids=["in-place", "replaced"])
+def test_a_source_changed_after_every_node_is_verified_reaches_every_node(
+    tmp_path: Path, swarm_factory: Callable[..., swarm.LocalSwarm], change: Callable[[Path], None]
+) -> None:
+    """Nobody reads the source once every copy is verified: the agent on origin duty checks it
+    (``--source-check-interval``) and moves the swarm to the new revision, reusing what matches."""
+    root = make_model(tmp_path / "model", odd_sizes(8, files=2))
+    local = swarm_factory(source=root.as_uri(), nodes=3, chunk_size=MiB, agent_args=["--source-check-interval", "1"])
+    local.start()
+    first = local.wait_for(local.all_verified, timeout=60, what="verified")
+    change(root / "shard-01.bin")
+    expected = source_manifest(root, chunk_size=MiB)
+    status = local.wait_for(
+        lambda s: s["manifest_digest"] == expected.digest and local.all_verified(s), timeout=60, what="the new bytes"
+    )
+    assert status["revision"] != first["revision"] and status["revision_confirmed"]
+    assert_copies(local, expected)
+    changed = (root / "shard-01.bin").stat().st_size + 2 * MiB  # the file, plus the chunks on its edges
+    assert status["bytes_from_origin"] - first["bytes_from_origin"] <= changed
 
 
 @pytest.mark.parametrize("change", [_replace, _overwrite_in_place], ids=["replaced", "in-place"])

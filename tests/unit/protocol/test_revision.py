@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from ringseed.protocol import manifest, revision
@@ -77,3 +79,19 @@ def test_prior_chunks_map_new_chunk_bytes_to_the_old_chunks_that_held_them() -> 
     # New chunk 4 is b.bin [Mi/2 - 5, 3Mi/2 - 5): old stream [7Mi/2, 9Mi/2), old chunks 3 and 4.
     assert revision.prior_chunks(old, new, 4) == {3, 4}
     assert revision.prior_chunks(old, new, 3) is None  # a.bin's new bytes lie beyond its old end
+
+
+def test_source_checks_come_every_interval_and_back_off_while_they_fail() -> None:
+    checks = revision.SourceChecks(interval=300.0, cap=1200.0, rng=random.Random(7))
+    assert not checks.due(1000.0)  # the first call starts the clock
+    assert not checks.due(1299.9) and checks.due(1300.0)
+    checks.read(1300.0)  # a check (or a take) read the source: the next one an interval later
+    assert not checks.due(1599.9) and checks.due(1600.0)
+    waits = [checks.failed(1600.0) for _ in range(5)]
+    bounds = [(150.0, 300.0), (300.0, 600.0), (600.0, 1200.0), (600.0, 1200.0), (600.0, 1200.0)]
+    assert all(low <= wait <= high for wait, (low, high) in zip(waits, bounds, strict=True)), waits
+    assert checks.failures == 5 and not checks.due(1600.0 + waits[-1] - 0.1) and checks.due(1600.0 + waits[-1])
+    checks.read(5000.0)  # a check that read the source forgets the failures
+    assert checks.failures == 0 and not checks.due(5299.9) and checks.due(5300.0)
+    with pytest.raises(ValueError, match="0 < interval <= cap"):
+        revision.SourceChecks(interval=0.0, cap=10.0)

@@ -19,7 +19,9 @@ Rules:
 - Moving to another revision keeps every staged file whose path the new revision still has
   (cut or grown to its new size) and deletes the others; the journal starts empty and
   :class:`Opened` names the byte ranges that held verified bytes, so the agent can reuse
-  chunks by hash (``revision.reuse_candidates``) instead of fetching them.
+  chunks by hash (``revision.reuse_candidates``) instead of fetching them. Reopening the same
+  revision (an agent restart) names those ranges again from ``prior.json``: bytes kept from the
+  previous revision that were not yet checked by hash stay candidates, never dropped silently.
 - Never write through a hard link: a staged file also linked into a published model
   (``st_nlink > 1``) is first copied to a private file that replaces it in staging (the
   published model keeps its inode and its bytes) before any write or resize.
@@ -236,8 +238,10 @@ class Store:
         saved = self.saved_revision()
         if saved is not None and saved.id == target.id:
             verified = {i: h for i, h in read_journal(self.root / JOURNAL).items() if i < target.layout.chunk_count}
+            before = self.saved_prior()  # bytes an earlier revision verified stay candidates across restarts
+            ranges = {} if before is None else revision.kept_ranges(before.revision.layout, target.layout, before.held)
             self._open_files(target)
-            return Opened(verified=verified, prior=self.saved_prior())
+            return Opened(verified=verified, kept=ranges, prior=before)
         kept: revision.Ranges = {}
         prior: Prior | None = None
         if saved is not None:
@@ -256,20 +260,15 @@ class Store:
 
     def _keep_files(self, old: manifest.Layout, new: manifest.Layout, held: dict[int, str]) -> revision.Ranges:
         """Delete staged files ``new`` does not have; return the verified ranges of the kept ones."""
-        wanted = {f.path: f.size for f in new.files}
-        ranges = revision.verified_ranges(old, held)
+        wanted = {f.path for f in new.files}
         for entry in old.files:
             if entry.path not in wanted:
                 with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
                     os.unlink(self.files_dir / entry.path)
-                ranges.pop(entry.path, None)
-            else:
-                size = wanted[entry.path]
-                ranges[entry.path] = [(a, min(b, size)) for a, b in ranges.get(entry.path, []) if a < size]
         for dirpath, _, _ in sorted(os.walk(self.files_dir), reverse=True):  # empty directories left behind
             with contextlib.suppress(OSError):
                 os.rmdir(dirpath)
-        return {p: r for p, r in ranges.items() if r}
+        return revision.kept_ranges(old, new, held)
 
     def _open_files(self, target: revision.Revision) -> None:
         self.files_dir.mkdir(parents=True, exist_ok=True)

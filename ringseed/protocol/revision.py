@@ -144,6 +144,18 @@ def verified_ranges(layout: manifest.Layout, held: Iterable[int]) -> Ranges:
     return merged
 
 
+def kept_ranges(old: manifest.Layout, new: manifest.Layout, held: Iterable[int]) -> Ranges:
+    """The bytes ``held`` chunks of ``old`` verified, in the files ``new`` still has, cut to their new sizes."""
+    sizes = {f.path: f.size for f in new.files}
+    out: Ranges = {}
+    for path, ranges in verified_ranges(old, held).items():
+        if path in sizes:
+            kept = [(a, min(b, sizes[path])) for a, b in ranges if a < sizes[path]]
+            if kept:
+                out[path] = kept
+    return out
+
+
 def _covered(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
     i = bisect.bisect_right(ranges, (start, float("inf"))) - 1
     return i >= 0 and ranges[i][0] <= start and end <= ranges[i][1]

@@ -55,6 +55,31 @@ def test_moving_to_another_revision_keeps_files_by_path_and_names_the_verified_b
     again.close()
 
 
+def test_bytes_kept_from_the_previous_revision_stay_candidates_after_a_restart(tmp_path: Path) -> None:
+    """An agent killed after moving to a new revision (a master restart, a new origin-duty node, a
+    changed file) restarts on the same revision: the journal has what it verified since, and the
+    previous revision's kept bytes it had not checked yet are named again (not fetched again)."""
+    old = _rev({"a.bin": 2 * MiB, "b.bin": MiB + 10})
+    data = {"a.bin": os.urandom(2 * MiB), "b.bin": os.urandom(MiB + 10)}
+    staging = store.Store(tmp_path / "cache")
+    staging.open(old)
+    _fill(staging, data)
+    staging.close()
+    new = _rev({"a.bin": 2 * MiB, "b.bin": MiB + 10}, tag="u")  # the same bytes, listed with other tags
+    moved = store.Store(tmp_path / "cache")
+    first = moved.open(new)
+    assert revision.reuse_candidates(new.layout, first.kept) == {0, 1, 2, 3}
+    moved.write_chunk(0, data["a.bin"][:MiB])  # checked by hash and journaled, then the agent dies
+    moved.commit([(0, manifest.chunk_sha256(data["a.bin"][:MiB]))])
+    moved.close()
+    restarted = store.Store(tmp_path / "cache")
+    again = restarted.open(new)
+    assert set(again.verified) == {0}
+    assert again.prior == first.prior and again.kept == first.kept
+    assert revision.reuse_candidates(new.layout, again.kept) - set(again.verified) == {1, 2, 3}
+    restarted.close()
+
+
 def test_a_write_never_goes_through_a_link_into_a_published_model(tmp_path: Path) -> None:
     rev = _rev({"a.bin": 2 * MiB})
     staging = store.Store(tmp_path / "cache")

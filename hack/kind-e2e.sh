@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
 # End to end on a real Kubernetes: kind cluster, ringseed image, Helm chart, a model distributed
-# over HTTP to every node, and a training group that all-reduces on the nodes holding it.
+# over HTTP to every node, and a DDP training group on the nodes holding it.
+#
+# It applies the same manifests as the emulated-cluster scenario (tests/e2e/test_deployed.py):
+# examples/cluster/model-origin.yaml (an HTTP origin serving Range requests),
+# examples/cluster/modeldistribution-http.yaml, examples/cluster/modeldistribution-file.yaml (the
+# same model from a node path), examples/cluster/traininggroup-ddp.yaml and
+# examples/ddp_train.py, with the same images (ringseed:dev, ringseed:dev-training).
 #
 # NOT RUN on the build machines: they have a Docker client without an engine, and kind cannot
-# run there. Written with care for a machine with Docker, kind, kubectl and helm on PATH (or in
-# .tools/bin); it has not been executed, so expect to adjust small things the first time.
+# run there (no kind node image can be pulled); tests/e2e/test_deployed.py runs these manifests
+# there instead, on podman. Written for a machine with Docker, kind, kubectl and helm on PATH (or
+# in .tools/bin).
 #
-# Steps: create a 3-node kind cluster -> docker build (default target) -> kind load -> helm
-# install -> an in-cluster HTTP origin that serves a small generated model (index.json + files)
-# -> examples/modeldistribution-http.yaml pointed at it -> wait for phase Complete ->
-# examples/traininggroup.yaml with the ringseed image as the training image -> wait for Running
-# -> examples/modeldistribution-s3.yaml checked by the API server only (dry run; no bucket here).
+# Steps: a kind cluster (1 control plane, 4 workers, as the scenario's 4 nodes) -> docker build
+# of both targets -> kind load -> helm install -> the HTTP origin -> the ModelDistribution ->
+# phase Complete -> the model copied to each node's /srv/models and the file ModelDistribution ->
+# Complete -> the TrainingGroup (minPeers 4) -> Running, and each worker printed its
+# losses -> the S3 example checked by the API server only (dry run; no bucket here) -> delete.
 #
-# Env: CLUSTER (default ringseed-e2e), IMAGE (default ringseed:e2e), KEEP=1 keeps the cluster,
-#      TIMEOUT (seconds per wait, default 600).
+# Env: CLUSTER (default ringseed-e2e), KEEP=1 keeps the cluster, TIMEOUT (seconds per wait, 600).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.tools/bin:$PATH"
 CLUSTER=${CLUSTER:-ringseed-e2e}
-IMAGE=${IMAGE:-ringseed:e2e}
+IMAGE=ringseed:dev
+TRAINING_IMAGE=ringseed:dev-training
 TIMEOUT=${TIMEOUT:-600}
 NS=default
 
@@ -48,7 +55,7 @@ wait_phase() {  # kind name phase
   done
 }
 
-echo "== kind cluster $CLUSTER (1 control plane, 2 workers)"
+echo "== kind cluster $CLUSTER (1 control plane, 4 workers)"
 kind create cluster --name "$CLUSTER" --wait 120s --config - <<'KIND'
 kind: Cluster
 apiVersion: kind.x-k8s.io/v1alpha4
@@ -56,85 +63,64 @@ nodes:
   - role: control-plane
   - role: worker
   - role: worker
+  - role: worker
+  - role: worker
 KIND
 
-echo "== image $IMAGE"
+echo "== images $IMAGE and $TRAINING_IMAGE"
 docker build -t "$IMAGE" .
-kind load docker-image "$IMAGE" --name "$CLUSTER"
+docker build -t "$TRAINING_IMAGE" --target training .
+kind load docker-image "$IMAGE" "$TRAINING_IMAGE" --name "$CLUSTER"
 
 echo "== chart"
 bash hack/verify-crds.sh
 helm install ringseed charts/ringseed --namespace ringseed-system --create-namespace --wait --timeout 5m \
-  --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" --set image.pullPolicy=Never
+  --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" --set image.pullPolicy=IfNotPresent
 kubectl get crd modeldistributions.ringseed.io traininggroups.ringseed.io
 # hostPath volumes need the privileged Pod Security level in the namespace running agents.
 kubectl label namespace "$NS" pod-security.kubernetes.io/enforce=privileged --overwrite
 
-echo "== HTTP origin with a generated 64 MiB model"
-kubectl -n "$NS" apply -f - <<ORIGIN
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: model-origin}
-spec:
-  replicas: 1
-  selector: {matchLabels: {app: model-origin}}
-  template:
-    metadata: {labels: {app: model-origin}}
-    spec:
-      containers:
-        - name: http
-          image: $IMAGE
-          imagePullPolicy: Never
-          command:
-            - python
-            - -c
-            - |
-              import json, os, http.server, functools
-              root = "/tmp/model"
-              os.makedirs(root, exist_ok=True)
-              files = []
-              for i, size in enumerate([40 << 20, 24 << 20, 1234]):
-                  path = f"part-{i}.bin"
-                  with open(os.path.join(root, path), "wb") as f:
-                      f.write(os.urandom(size))
-                  files.append({"path": path, "size": size, "mode": 0o644})
-              with open(os.path.join(root, "index.json"), "w") as f:
-                  json.dump({"files": files}, f)
-              handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=root)
-              http.server.ThreadingHTTPServer(("0.0.0.0", 8080), handler).serve_forever()
-          ports: [{containerPort: 8080}]
-          readinessProbe: {httpGet: {path: /index.json, port: 8080}}
-          volumeMounts: [{name: tmp, mountPath: /tmp}]
-      volumes: [{name: tmp, emptyDir: {}}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: model-origin}
-spec:
-  selector: {app: model-origin}
-  ports: [{port: 8080, targetPort: 8080}]
-ORIGIN
+echo "== HTTP origin (examples/cluster/model-origin.yaml)"
+kubectl apply -f examples/cluster/model-origin.yaml
 kubectl -n "$NS" rollout status deploy/model-origin --timeout=5m
 
-echo "== ModelDistribution (examples/modeldistribution-http.yaml, URI pointed at the origin)"
-sed "s|uri: https://models.example.com/tiny-model/|uri: http://model-origin.$NS.svc:8080/|" \
-  examples/modeldistribution-http.yaml | kubectl -n "$NS" apply -f -
+echo "== ModelDistribution (examples/cluster/modeldistribution-http.yaml)"
+kubectl apply -f examples/cluster/modeldistribution-http.yaml
 wait_phase md tiny-model Complete
 kubectl -n "$NS" get md tiny-model
 kubectl get nodes -L "models.ringseed.io/$NS.tiny-model"
 
-echo "== TrainingGroup (examples/traininggroup.yaml with the ringseed image, which has numpy)"
-sed "s|image: pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime|image: $IMAGE\n          imagePullPolicy: Never|" \
-  examples/traininggroup.yaml | kubectl -n "$NS" apply -f -
+echo "== ModelDistribution from a node path (examples/cluster/modeldistribution-file.yaml)"
+origin=$(kubectl -n "$NS" get pod -l app=model-origin -o jsonpath='{.items[0].metadata.name}')
+share=$(mktemp -d)
+for f in $(kubectl -n "$NS" exec "$origin" -- python -c "import json; print(' '.join(f['path'] for f in json.load(open('/srv/model/index.json'))['files']))"); do
+  kubectl -n "$NS" cp "$origin:/srv/model/$f" "$share/$f"
+done
+for node in $(kind get nodes --name "$CLUSTER"); do
+  docker exec "$node" mkdir -p /srv/models/tiny-model
+  docker cp "$share/." "$node:/srv/models/tiny-model/"
+done
+kubectl apply -f examples/cluster/modeldistribution-file.yaml
+wait_phase md file-model Complete
+
+echo "== TrainingGroup (examples/cluster/traininggroup-ddp.yaml running examples/ddp_train.py)"
+kubectl -n "$NS" create configmap ddp-train --from-file=examples/ddp_train.py
+kubectl apply -f examples/cluster/traininggroup-ddp.yaml
 wait_phase tg tiny-train Running
-kubectl -n "$NS" get tg tiny-train
+deadline=$((SECONDS + TIMEOUT))
+until [ "$(kubectl -n "$NS" logs -l app.kubernetes.io/instance=tiny-train,app.kubernetes.io/component=worker \
+          --tail=-1 2>/dev/null | grep -c '"losses"')" -ge 4 ]; do
+  [ $SECONDS -lt $deadline ] || { echo "kind-e2e: the workers did not all finish training" >&2; exit 1; }
+  sleep 5
+done
+kubectl -n "$NS" logs -l app.kubernetes.io/instance=tiny-train,app.kubernetes.io/component=worker --tail=1
 
 echo "== S3 example: accepted by the API server (dry run)"
 kubectl -n "$NS" apply --dry-run=server -f examples/modeldistribution-s3.yaml
 
-echo "== retainPolicy Retain keeps node data; deleting the resources removes their children"
+echo "== deleting the resources removes their children"
 kubectl -n "$NS" delete tg tiny-train --wait --timeout=2m
-kubectl -n "$NS" delete md tiny-model --wait --timeout=5m
+kubectl -n "$NS" delete md tiny-model file-model --wait --timeout=5m
 if kubectl -n "$NS" get daemonset tiny-model-agent >/dev/null 2>&1; then
   echo "kind-e2e: DaemonSet tiny-model-agent survived its ModelDistribution" >&2
   exit 1

@@ -58,7 +58,7 @@ def render(*sets: str) -> list[dict[str, Any]]:
 def examples() -> list[tuple[str, dict[str, Any]]]:
     return [
         (path.name, doc)
-        for path in sorted((REPO / "examples").glob("*.yaml"))
+        for path in sorted((REPO / "examples").rglob("*.yaml"))
         for doc in yaml.safe_load_all(path.read_text())
         if doc
     ]

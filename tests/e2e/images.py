@@ -2,6 +2,9 @@
 
 Owns the image tags the tests and the e2e manifests use (``ringseed:dev``, ``ringseed:dev-training``,
 as in examples/cluster/) and the podman command (hack/podman.sh, with this machine's settings).
+:func:`ensure` also returns the image ID each tag named once built: the tests run containers by ID,
+as a kubelet runs what it pulled, so a build of another checkout moving the tags on the same
+machine (a shared podman store) cannot swap the image under a session.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ TAGS = {"runtime": "ringseed:dev", "training": "ringseed:dev-training"}
 class Images:
     seconds: float  # what hack/image.sh took in this session
     sizes: dict[str, int]  # tag -> bytes
+    ids: dict[str, str]  # tag -> image ID this session built (or found) for it
 
     def tag(self, target: str) -> str:
         return TAGS[target]
@@ -47,10 +51,11 @@ def ensure() -> Images:
     )
     if done.returncode != 0:
         raise AssertionError(f"hack/image.sh failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    sizes = {}
+    sizes, ids = {}, {}
     for tag in TAGS.values():
         out = subprocess.run(
-            [*PODMAN, "image", "inspect", "--format", "{{.Size}}", tag], capture_output=True, text=True
+            [*PODMAN, "image", "inspect", "--format", "{{.Size}} {{.Id}}", tag], capture_output=True, text=True
         )
-        sizes[tag] = int(out.stdout.strip())
-    return Images(seconds=time.monotonic() - started, sizes=sizes)
+        size, image_id = out.stdout.split()
+        sizes[tag], ids[tag] = int(size), image_id
+    return Images(seconds=time.monotonic() - started, sizes=sizes, ids=ids)

@@ -82,6 +82,7 @@ class Informer:
     path: str
     on_event: Callable[[], None]
     objects: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    seen: dict[tuple[str, str], float] = field(default_factory=dict)  # when each object was first seen (epoch s)
     synced: bool = False
 
     async def run(self) -> None:
@@ -90,6 +91,8 @@ class Informer:
                 async with self.session.get(self.base + self.path) as response:
                     body = await response.json()
                 self.objects = {key_of(o): o for o in body.get("items", [])}
+                for key in self.objects:
+                    self.seen.setdefault(key, time.time())
                 self.synced = True
                 self.on_event()
                 params = {"watch": "true", "resourceVersion": body["metadata"]["resourceVersion"]}
@@ -110,6 +113,7 @@ class Informer:
             self.objects.pop(key_of(obj), None)
         else:
             self.objects[key_of(obj)] = obj
+            self.seen.setdefault(key_of(obj), time.time())
         self.on_event()
 
 
@@ -123,6 +127,7 @@ class Cluster:
     certs: apiserver.Certificates
     tokens: apiserver.Tokens
     label: str
+    image_ids: Mapping[str, str] = field(default_factory=dict)  # image name -> ID (what the nodes "pulled")
     errors: list[str] = field(default_factory=list)
     informers: dict[str, Informer] = field(default_factory=dict)
     runtimes: dict[str, kubelet.PodRuntime] = field(default_factory=dict)  # pod uid -> runtime
@@ -326,7 +331,8 @@ class Cluster:
         namespace = pod["metadata"].get("namespace", "default")
         for image in {c["image"] for c in (*pod["spec"].get("initContainers", []), *pod["spec"]["containers"])}:
             if image not in self._image_users:
-                out = await kubelet.podman("image", "inspect", "--format", "{{.Config.User}}", image, check=False)
+                ref = self.image_ids.get(image, image)
+                out = await kubelet.podman("image", "inspect", "--format", "{{.Config.User}}", ref, check=False)
                 self._image_users[image] = out.strip()
         account = pod["spec"].get("serviceAccountName") or "default"
         facts = podspec.NodeFacts(
@@ -345,6 +351,7 @@ class Cluster:
             config_maps={n: o for (ns, n), o in self.informers["configmaps"].objects.items() if ns == namespace},
             services=[_service_link(s) for s in self.objects("services") if key_of(s)[0] == namespace],
             image_users=self._image_users,
+            image_ids=self.image_ids,
             service_account_token=self.tokens.token_for(namespace, account),
         )
         try:

@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,7 +106,10 @@ def helm_template(*values: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def deployed(work: Path, *, nodes: int = 4, node_rate: float = 500e6) -> AsyncIterator[Deployed]:
+async def deployed(
+    work: Path, *, image_ids: Mapping[str, str], nodes: int = 4, node_rate: float = 500e6
+) -> AsyncIterator[Deployed]:
+    """The cluster up, the chart not yet applied; containers of image ``name`` run ``image_ids[name]``."""
     tokens = apiserver.Tokens()
     async with emulator.PrintingEmulator(identities=tokens.by_token) as kmock, apps.Server(kmock):
         emulator.declare(kmock)
@@ -125,6 +128,7 @@ async def deployed(work: Path, *, nodes: int = 4, node_rate: float = 500e6) -> A
                 certs=certs,
                 tokens=tokens,
                 label=label,
+                image_ids=image_ids,
             )
             try:
                 await harness.start()

@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,15 +39,18 @@ class PodmanError(RuntimeError):
     pass
 
 
-async def podman(*args: str, check: bool = True, within: float = 120.0) -> str:
-    process = await asyncio.create_subprocess_exec(*PODMAN, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+async def podman(*args: str, check: bool = True, within: float = 120.0, merge: bool = False) -> str:
+    """podman's stdout (with its stderr after ``merge``: ``podman logs`` replays a container's stderr there)."""
+    stderr = subprocess.STDOUT if merge else subprocess.PIPE
+    process = await asyncio.create_subprocess_exec(*PODMAN, *args, stdout=subprocess.PIPE, stderr=stderr)
     try:
         out, err = await asyncio.wait_for(process.communicate(), within)
     except TimeoutError:
         process.kill()
         raise PodmanError(f"podman {' '.join(args[:3])}... timed out after {within}s") from None
     if check and process.returncode != 0:
-        raise PodmanError(f"podman {' '.join(args[:2])} exited {process.returncode}: {err.decode().strip()[-2000:]}")
+        detail = (err or out).decode().strip()[-2000:]
+        raise PodmanError(f"podman {' '.join(args[:2])} exited {process.returncode}: {detail}")
     return out.decode()
 
 
@@ -90,6 +94,7 @@ class PodRuntime:
     on_change: Callable[[], None]
     errors: list[str]
     states: dict[str, ContainerState] = field(default_factory=dict)
+    timeline: dict[str, float] = field(default_factory=dict)  # first time (epoch s) of "pod", "<c>:run", ...
     phase: str = "Pending"
     initialized: bool = False
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -103,7 +108,13 @@ class PodRuntime:
     def container_name(self, container: str) -> str:
         return f"{self.net.netns}-{container}"
 
+    def mark(self, event: str) -> None:
+        """Record when ``event`` first happened: ``pod`` (kubelet took it), ``<container>:run`` (podman
+        run called), ``<container>:running`` (it returned), ``<container>:exited``, ``ready``."""
+        self.timeline.setdefault(event, time.time())
+
     def start(self) -> None:
+        self.mark("pod")
         self._prepare_volumes()
         for plan in (*self.plan.init_containers, *self.plan.containers):
             self.states[plan.name] = ContainerState(name=plan.name)
@@ -149,13 +160,16 @@ class PodRuntime:
     async def _start_container(self, plan: podspec.ContainerPlan) -> None:
         name = self.container_name(plan.name)
         await podman("rm", "-f", "-t", "0", name, check=False)
+        self.mark(f"{plan.name}:run")
         await podman(*self._args(plan))
+        self.mark(f"{plan.name}:running")
         self.states[plan.name].state = {"running": {"startedAt": now()}}
         self.on_change()
 
     async def _wait(self, plan: podspec.ContainerPlan) -> int:
         out = await podman("wait", self.container_name(plan.name), within=10**7)
         code = int(out.strip().splitlines()[-1])
+        self.mark(f"{plan.name}:exited")
         state = self.states[plan.name]
         state.last = {"exitCode": code, "finishedAt": now(), "reason": "Completed" if code == 0 else "Error"}
         state.state = {"terminated": state.last}
@@ -217,7 +231,10 @@ class PodRuntime:
             await asyncio.sleep(min(probe.period, 1.0) if not ok and readiness else probe.period)
 
     def ready(self) -> bool:
-        return self.initialized and all(self.states[c.name].ready for c in self.plan.containers)
+        ready = self.initialized and all(self.states[c.name].ready for c in self.plan.containers)
+        if ready:
+            self.mark("ready")
+        return ready
 
     def status(self) -> dict[str, Any]:
         images = {c.name: c.image for c in (*self.plan.init_containers, *self.plan.containers)}
@@ -241,9 +258,9 @@ class PodRuntime:
         await podman("kill", f"--signal={signal}", self.container_name(container))
 
     async def logs(self, container: str, *, tail: int = 50) -> str:
-        """The last ``tail`` lines the container wrote (podman 4.3's ``logs --tail`` prints nothing
-        for short logs, so the tail is taken here)."""
-        out = await podman("logs", self.container_name(container), check=False)
+        """The last ``tail`` lines the container wrote to stdout and stderr (podman 4.3's ``logs
+        --tail`` prints nothing for short logs, so the tail is taken here)."""
+        out = await podman("logs", self.container_name(container), check=False, merge=True)
         return "\n".join(out.splitlines()[-tail:])
 
     async def stop(self) -> None:

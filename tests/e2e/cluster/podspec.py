@@ -200,6 +200,7 @@ class Inputs:
     services: Sequence[tuple[str, int, Mapping[str, int]]]  # (name, port, {port name: port}) in the namespace
     image_users: Mapping[str, str]  # image -> its configured USER ("10001:10001", "" = root)
     service_account_token: str | None
+    image_ids: Mapping[str, str] = field(default_factory=dict)  # image name -> the ID the node runs for it
 
 
 def plan(inputs: Inputs) -> PodPlan:
@@ -468,7 +469,7 @@ def _container(
     run_args = [expand(part, env) for part in container.get("args", [])]
     if command:
         args.append(f"--entrypoint={json.dumps(command)}")
-    args += [container["image"], *run_args]
+    args += [inputs.image_ids.get(container["image"], container["image"]), *run_args]
     return ContainerPlan(
         name=container["name"],
         image=container["image"],

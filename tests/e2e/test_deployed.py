@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -25,6 +27,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from ringseed.agent import store
 from ringseed.api import constants
 from ringseed.operator import builders
 from ringseed.testbed import netns
@@ -53,7 +56,7 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[deploye
     built = images.ensure()
     FIGURES["image_seconds"] = round(built.seconds, 1)
     FIGURES["image_sizes_mb"] = {tag: round(size / 1e6) for tag, size in built.sizes.items()}
-    async with deployed_module.deployed(tmp_path_factory.mktemp("cluster")) as env:
+    async with deployed_module.deployed(tmp_path_factory.mktemp("cluster"), image_ids=built.ids) as env:
         yield env
     FIGURES["e2e_seconds"] = round(time.monotonic() - started, 1)
     print("\nE2E FIGURES " + json.dumps(FIGURES, sort_keys=True))
@@ -148,7 +151,7 @@ async def test_distribution_completes_while_a_training_group_waits(env: deployed
     )
     total = sum((source / path).stat().st_size for path in expected)
     phases: list[str] = []
-    applied = time.monotonic()
+    applied, applied_at = time.monotonic(), time.time()
     await env.apply((EXAMPLES / "cluster" / "modeldistribution-http.yaml").read_text())
 
     agents_ready: list[float] = []
@@ -187,6 +190,7 @@ async def test_distribution_completes_while_a_training_group_waits(env: deployed
 
     await recorder
     FIGURES["apply_to_complete_seconds"] = round(time.monotonic() - applied, 2)
+    FIGURES["apply_to_complete_steps"] = await steps(env, MD, since=applied_at, complete=time.time())
     FIGURES["apply_to_all_agents_ready_seconds"] = round(agents_ready[0], 2) if agents_ready else None
     FIGURES["phases"] = phases
     assert phases[0] == "Pending" and phases[-1] == "Complete", phases
@@ -199,6 +203,69 @@ async def test_distribution_completes_while_a_training_group_waits(env: deployed
     status = md(env)["status"]
     assert status["nodesReady"] == status["nodesTotal"] == 4
     FIGURES["local_distribute_seconds"] = await local_distribute_seconds(env, source)
+
+
+async def steps(env: deployed_module.Deployed, name: str, *, since: float, complete: float) -> dict[str, Any]:
+    """Where the time from ``kubectl apply`` to Complete went, in seconds after the apply.
+
+    The harness records when it saw each object and what each pod went through (kubelet
+    ``timeline``: podman run called and returned, exits, ready); the agents' own log lines say when
+    each served its port, held the revision (registered, the layout known) and got a first chunk.
+    For the pods of a DaemonSet the value is the last of the four (the run waits for all)."""
+
+    def at(stamp: float | None) -> float | None:
+        return round(stamp - since, 2) if stamp is not None else None
+
+    def seen(resource: str, obj: str) -> float | None:
+        return at(env.cluster.informers[resource].seen.get((NS, obj)))
+
+    def last(runtimes: list[kubelet.PodRuntime], event: str) -> float | None:
+        stamps = [r.timeline.get(event) for r in runtimes]
+        return at(max(s for s in stamps if s is not None)) if stamps and None not in stamps else None
+
+    master = [env.cluster.runtime_of(p) for p in pods(env, f"{name}-master")]
+    agents = [env.cluster.runtime_of(p) for p in pods(env, f"{name}-agent")]
+    logged: dict[str, list[float]] = {"serving": [], "revision": [], "first_chunk": []}
+    for runtime in agents:
+        lines = (await runtime.logs("agent", tail=10**6)).splitlines()
+        for key, marker in (
+            ("serving", "serving chunks at"),
+            ("revision", "Holding revision"),
+            ("first_chunk", "Chunk "),
+        ):
+            stamp = next((log_time(line) for line in lines if marker in line), None)
+            if stamp is not None:
+                logged[key].append(stamp)
+    (operator,) = ready_runtimes(env, "ringseed-operator", deployed_module.OPERATOR_NS)
+    about = [line for line in (await operator.logs("operator", tail=10**6)).splitlines() if f"[{NS}/{name}]" in line]
+    handled = [log_time(about[0]) if about else None]
+    handled += [next((log_time(line) for line in about if "succeeded" in line), None)]
+    out: dict[str, Any] = {
+        "operator_saw_it": seen("modeldistributions", name),  # kubectl apply returned and the watch event came
+        "operator_handler": [at(stamp) for stamp in handled],  # its first log line about it, the handler's success
+        "master_deployment": seen("deployments", f"{name}-master"),
+        "agent_daemonset": seen("daemonsets", f"{name}-agent"),
+        "master_pod_started": last(master, "pod"),
+        "master_podman_run": [last(master, "master:run"), last(master, "master:running")],
+        "master_ready": last(master, "ready"),
+        "agent_pods_started": last(agents, "pod"),
+        "agent_init_container": [last(agents, "prepare-dirs:run"), last(agents, "prepare-dirs:exited")],
+        "agent_podman_run": [last(agents, "agent:run"), last(agents, "agent:running")],
+        "agents_ready": last(agents, "ready"),
+        "complete": at(complete),
+    }
+    for key, stamps in logged.items():
+        out[f"agents_{key}"] = at(max(stamps)) if len(stamps) == len(agents) else None
+    return out
+
+
+def log_time(line: str) -> float | None:
+    """The epoch time of a ``ringseed`` log line (``2026-01-02 03:04:05,678 INFO ...``, UTC in the image)."""
+    try:
+        stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    except ValueError:
+        return None
+    return stamp.replace(tzinfo=datetime.UTC).timestamp()
 
 
 async def local_distribute_seconds(env: deployed_module.Deployed, source: Path) -> float:
@@ -229,7 +296,7 @@ async def test_training_waits_then_runs_ddp_on_verified_nodes(env: deployed_modu
     async def results() -> list[dict[str, Any]]:
         found = []
         for runtime in ready_runtimes(env, "tiny-train-worker"):
-            lines = [line for line in (await runtime.logs("train")).splitlines() if line.startswith("{")]
+            lines = [line for line in (await runtime.logs("train", tail=10**6)).splitlines() if line.startswith("{")]
             found += [json.loads(line) for line in lines[-1:]]
         return found
 
@@ -248,11 +315,12 @@ async def test_training_waits_then_runs_ddp_on_verified_nodes(env: deployed_modu
 async def single_process_losses(env: deployed_module.Deployed) -> list[float]:
     """The same script as one process (no group), on node0's copy of the model."""
     model, script = node_copy(env, "node0"), EXAMPLES / "ddp_train.py"
+    image = env.cluster.image_ids[images.TAGS["training"]]
     out = await run(
         *images.PODMAN, "run", "--rm", "--network=none", "--read-only",
         f"--mount=type=bind,source={model},destination=/model,ro=true",
         f"--mount=type=bind,source={script},destination=/app/ddp_train.py,ro=true",
-        "--entrypoint=python", "ringseed:dev-training", "/app/ddp_train.py", "--single", "/model",
+        "--entrypoint=python", image, "/app/ddp_train.py", "--single", "/model",
     )  # fmt: skip
     losses: list[float] = json.loads(out.strip().splitlines()[-1])["losses"]
     return losses
@@ -268,15 +336,25 @@ async def run(*args: str) -> str:
 
 
 def share_the_model(env: deployed_module.Deployed) -> dict[str, str]:
-    """Put the origin's model on every node at /srv/models/tiny-model (the share file-model reads)."""
+    """Put the origin's model on every node at /srv/models/tiny-model (the share file-model reads).
+
+    Each node gets its own copy with the files' times, as a share shows the same files to every
+    node (NFS; a bucket's FUSE mount, whose inode numbers differ per node) or as ``rsync -a`` copies
+    them: the agent that takes over origin duty must find the revision another node listed."""
     source = origin_files(env)
     files = tree_digest(source)
     for node in env.net.node_names():
         share = env.cluster.node_path(node, "/srv/models/tiny-model")
         share.mkdir(parents=True, exist_ok=True)
         for path in files:
-            (share / path).write_bytes((source / path).read_bytes())
+            shutil.copy2(source / path, share / path)
     return files
+
+
+def journal(env: deployed_module.Deployed, node: str, name: str) -> dict[int, str]:
+    """The chunks ``name``'s agent on ``node`` recorded as verified on disk (its staging journal)."""
+    staging = f"/var/lib/ringseed/models/{NS}/.cache/{NS}/{name}/{store.JOURNAL}"
+    return store.read_journal(env.cluster.node_path(node, staging))
 
 
 def busy_nodes(env: deployed_module.Deployed) -> set[str]:
@@ -303,15 +381,22 @@ async def test_file_origin_with_faults_master_killed_agent_killed_link_cut(env: 
     cut = sorted(set(env.net.node_names()) - busy_nodes(env))[-1]
     agents = sorted(ready_runtimes(env, f"{name}-agent"), key=lambda r: r.net.node)
     victim = next(r for r in agents if r.net.node != cut)
-    held_before = (await metrics(env, victim, name))["ringseed_agent_chunks_held"]
+    held = (await metrics(env, victim, name))["ringseed_agent_chunks_held"]
     await victim.kill("agent")
+    journaled = journal(env, victim.net.node, name)  # what it verified and made durable before it died
+    FIGURES["killed_agent_chunks"] = {"held": held, "journaled": len(journaled)}
     env.net.set_link(cut, up=False)
+
+    def degraded_naming_the_cut() -> dict[str, Any] | None:  # (the killed agent may be named first, while it restarts)
+        if phase(md(env, name)) != "Degraded":
+            return None
+        conditions = {c["type"]: c for c in md(env, name)["status"].get("conditions", [])}
+        condition = conditions.get("Degraded", {"status": "False"})
+        return condition if condition["status"] == "True" and cut in condition.get("message", "") else None
+
     try:
-        degraded = await env.wait_for(lambda: phase(md(env, name)) == "Degraded" and md(env, name), within=90,
-                                      what="Degraded after the cut")  # fmt: skip
-        conditions = {c["type"]: c for c in degraded["status"].get("conditions", [])}
-        assert conditions["Degraded"]["status"] == "True"
-        assert cut in conditions["Degraded"]["message"], conditions["Degraded"]
+        condition = await env.wait_for(degraded_naming_the_cut, within=90, what=f"Degraded naming {cut}")
+        FIGURES["degraded_condition"] = condition["message"]
     finally:
         env.net.set_link(cut, up=True)
     await env.wait_for(lambda: phase(md(env, name)) == "Complete", within=180, what="Complete after the faults")
@@ -320,8 +405,9 @@ async def test_file_origin_with_faults_master_killed_agent_killed_link_cut(env: 
         assert tree_digest(node_copy(env, node, name)) == expected, node
     for runtime in ready_runtimes(env, f"{name}-agent"):
         fetched = (await metrics(env, runtime, name))["ringseed_agent_bytes_fetched"]
-        if runtime is victim:  # resumed from its journal: fetched only what it did not hold
-            assert fetched <= total - held_before * chunk + chunk, (fetched, held_before)
+        if runtime is victim:  # resumed from its journal: no chunk it had verified and journaled came again
+            kept = sum(min(chunk, total - i * chunk) for i in journaled)
+            assert fetched <= total - kept + chunk, (fetched, len(journaled), held)
         elif runtime.net.node != cut:  # the master's restart made nobody fetch a verified chunk again
             assert fetched <= total + chunk, (runtime.net.node, fetched)
 

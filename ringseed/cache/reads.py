@@ -14,11 +14,16 @@ Rules:
   exist) before the sink is tried; no copy anywhere is :class:`ReadError` naming the object,
   the chunk and what each source said.
 - Where a chunk came from is counted (``sources``) for status and the benchmarks.
+- Copy duties (:class:`Copies`): a checkpoint the master says has lost a copy (a holder died
+  before it was persisted) is pulled here whole, chunk by chunk through the same order, so the
+  promised number of copies is restored and a second node loss loses nothing either.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import random
 import time
@@ -29,6 +34,8 @@ from ringseed.protocol import cacheobjects as objects
 
 if TYPE_CHECKING:
     from ringseed.cache.service import CacheAgent
+
+log = logging.getLogger(__name__)
 
 
 class ReadError(Exception):
@@ -165,3 +172,45 @@ class Reads:
             await self.agent.store.receive(sha=sha, length=length, fill=fill, deadline=deadline)
         except chunks.CacheFull as exc:
             raise ReadError("cache_full", f"no room to bring chunk {sha[:12]} here: {exc}") from exc
+
+
+class Copies:
+    """The copy duties of one agent: whole objects pulled here to restore their replica count."""
+
+    def __init__(self, agent: CacheAgent) -> None:
+        self.agent = agent
+        self.running: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self.copied_objects = 0
+        self.last_error: str | None = None
+
+    def assign(self, duties: list[tuple[str, int]]) -> None:
+        """The duties of the latest heartbeat: start the new ones (and retry failed ones), cancel the rest."""
+        wanted = set(duties)
+        for key in [k for k in self.running if k not in wanted]:
+            self.running.pop(key).cancel()
+        for key in wanted:
+            task = self.running.get(key)
+            if task is None or task.done():
+                self.running[key] = asyncio.create_task(self._copy(*key))
+
+    async def _copy(self, path: str, version: int) -> None:
+        reads = self.agent.reads
+        try:
+            meta = await reads.describe(path)
+            if meta.get("version") != version:
+                return  # rewritten or deleted meanwhile: the next heartbeat says what is wanted
+            await asyncio.gather(*(reads.ensure(meta, i) for i in range(len(meta["chunks"]))))
+        except (ReadError, chunks.CorruptChunk) as exc:
+            self.last_error = f"{path}: {exc}"
+            log.warning("Copy of %s (version %d) failed, retried with the next heartbeat: %s", path, version, exc)
+            return
+        self.copied_objects += 1
+        log.info("Holding a copy of %s (version %d) again: a holder was lost before it was persisted", path, version)
+
+    async def close(self) -> None:
+        for task in self.running.values():
+            task.cancel()
+        for task in self.running.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.running.clear()

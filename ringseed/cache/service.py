@@ -10,7 +10,7 @@ Rules:
 - Start: adopt the chunk files a previous run left (tmpfs survives an agent restart; the SSD
   tier survives a reboot), then register with the master's leader with all of them.
 - A heartbeat every ``heartbeat_interval`` carries the chunks added and dropped since the last
-  one and the free bytes; the reply brings persist duties, evictable changes and orphans to
+  one and the free bytes; the reply brings persist and copy duties, evictable changes and orphans to
   drop. A 404 ``unknown_node`` (a new leader, or a purge) means register again with
   everything held. An unreachable master only delays heartbeats: writes that need it wait
   (their commit retries until ``write_deadline``), reads of local chunks go on.
@@ -89,6 +89,7 @@ class CacheAgent:
         self.writes = writes.Writes(self)
         self.reads = reads.Reads(self)
         self.persister = persist.Persister(self)
+        self.copies = reads.Copies(self)
         self.datasets = data.Datasets(self, config.data_sources)
         self.peer_server = peers.PeerServer(
             self.store, upload_slots=config.upload_slots, deadline=config.write_deadline
@@ -138,6 +139,7 @@ class CacheAgent:
             for task in [*tasks, stopper, *extra]:
                 task.cancel()
             await asyncio.gather(*tasks, stopper, *extra, return_exceptions=True)
+            await self.copies.close()
 
     async def _serve_peers(self) -> aioweb.AppRunner:
         app = web.make_app(token=self.config.token, max_body_bytes=self.config.chunk_size + (1 << 20))
@@ -219,6 +221,7 @@ class CacheAgent:
             if sha not in busy and entry is not None and not entry.busy(time.monotonic()):
                 self.store.drop(sha)
         self.persister.assign([(str(p), int(v)) for p, v in reply.get("persist", [])])
+        self.copies.assign([(str(p), int(v)) for p, v in reply.get("copy", [])])
 
     async def _expire_loop(self) -> None:
         while True:
@@ -240,6 +243,11 @@ class CacheAgent:
             "received_bytes": self.peer_server.received_bytes,
             "uploaded_bytes": self.peer_server.uploaded_bytes,
             "persist": self.persister.status(),
+            "copies": {
+                "running": len(self.copies.running),
+                "done": self.copies.copied_objects,
+                "last_error": self.copies.last_error,
+            },
             "data": {
                 "counters": self.datasets.counters(),
                 "warmup": {n: [d.warm_done, d.warm_total] for n, d in self.datasets.sources.items()},

@@ -9,7 +9,8 @@ Agent endpoints (leader):
 - ``POST /v1/cache/register`` ``{node, url, session, group, chunks: [sha], free_bytes}`` ->
   ``{term, heartbeat_interval, offline_after, replicas, sink}``
 - ``POST /v1/cache/heartbeat`` ``{node, added: [sha], dropped: [sha], free_bytes}`` ->
-  ``{term, persist: [[path, version]], evictable_add, evictable_remove, drop}``
+  ``{term, persist: [[path, version]], copy: [[path, version]], evictable_add, evictable_remove, drop}``
+  (``copy``: checkpoints this node pulls a complete copy of, because a holder was lost)
 - ``POST /v1/cache/place`` ``{node, count?, exclude?: [node]}`` -> ``{replicas: [{name, url}]}``
   (``count`` defaults to ``replicas - 1``)
 - ``POST /v1/cache/commit`` ``{node, write_id, files: [{path, size, chunks: [[sha, len]]}],
@@ -175,12 +176,14 @@ class _Api:
             meta=m.meta,
             sink=m.settings.sink,
             keep=data.flights.referenced(),
+            replicas=0 if m.settling() > 0 else m.settings.replicas,  # a new leader: holders known in full first
         )
         drop = [] if m.lost else duties.drop  # metadata incomplete: an "orphan" may be a lost object's
         return aioweb.json_response(
             {
                 "term": m.term,
                 "persist": [[p, v] for p, v in duties.persist],
+                "copy": [[p, v] for p, v in duties.copy],
                 "evictable_add": duties.evictable_add,
                 "evictable_remove": duties.evictable_remove,
                 "drop": drop,

@@ -15,6 +15,12 @@ Rules:
   (the writer fails clearly rather than acknowledge fewer copies than promised).
 - Persist duty (with a sink): every unpersisted object is assigned to one online node holding
   the most of its chunks (the writer first); the assignment sticks while that node is online.
+- Copy duty (repair): an unpersisted checkpoint object held complete on fewer than ``replicas``
+  online nodes (a holder was lost) gets new holders: online nodes that lack a complete copy and
+  reported free bytes, chosen as in placement (the writer's group first, the ring after the
+  writer), each told to pull the whole object from the remaining holders. The targets stick
+  while they are online and the object still lacks copies; every chunk needs an online holder.
+  A new leader gives no copy duty until its nodes have re-registered (``replicas=0``).
 - Evictable chunks: a node may drop a chunk only when every object that refers to it is
   persisted (the sink has a copy). Replies carry the changes to each node's evictable set.
 - Orphans: a chunk a node holds that no object refers to for ``orphan_grace`` seconds (a write
@@ -57,6 +63,7 @@ class Duties:
     """What a heartbeat tells a node to do."""
 
     persist: list[tuple[str, int]]  # (path, version) to upload to the sink
+    copy: list[tuple[str, int]]  # (path, version) to pull a complete copy of (a holder was lost)
     evictable_add: list[str]
     evictable_remove: list[str]
     drop: list[str]
@@ -71,6 +78,7 @@ class Nodes:
         self.nodes: dict[str, CacheNode] = {}
         self.holders: dict[str, set[str]] = {}
         self.persist_owner: dict[str, str] = {}  # path -> node
+        self.copy_targets: dict[str, tuple[int, set[str]]] = {}  # path -> (version, nodes pulling a copy)
         self._safe: tuple[int, set[str], set[str]] = (-1, set(), set())  # (seq, evictable, referenced)
 
     # -- membership ------------------------------------------------------------------------
@@ -95,8 +103,10 @@ class Nodes:
         meta: cachelog.Metadata,
         sink: bool,
         keep: frozenset[str] | set[str] = frozenset(),
+        replicas: int = 0,
     ) -> Duties:
-        """A node's news; ``keep``: chunks that are referenced although no object names them (datasets)."""
+        """A node's news; ``keep``: chunks that are referenced although no object names them (datasets);
+        ``replicas``: copies each unpersisted checkpoint should have (0: give no copy duties)."""
         node = self.nodes.get(name)
         if node is None:
             raise UnknownNode(f"node {name!r} is not registered (master restarted or purged it); register again")
@@ -112,7 +122,7 @@ class Nodes:
                 if not holders:
                     del self.holders[sha]
         self._add(node, added)
-        return self._duties(node, meta=meta, sink=sink, now=now, keep=keep)
+        return self._duties(node, meta=meta, sink=sink, now=now, keep=keep, replicas=replicas)
 
     def hold(self, name: str, chunks: Iterable[str]) -> None:
         """``name`` holds ``chunks`` now (a commit names the nodes that acknowledged them)."""
@@ -137,6 +147,8 @@ class Nodes:
                     del self.holders[sha]
         for path in [p for p, owner in self.persist_owner.items() if owner == name]:
             del self.persist_owner[path]
+        for _, targets in self.copy_targets.values():
+            targets.discard(name)
 
     def purge(self, *, now: float) -> list[str]:
         """Forget nodes silent for more than ``offline_after``; returns their names."""
@@ -177,20 +189,19 @@ class Nodes:
 
     def copies(self, meta: objects.ObjectMeta) -> int:
         """How many online nodes hold every chunk of ``meta``."""
-        if not meta.chunks:
-            return len(self.nodes)
-        common: set[str] | None = None
-        for chunk in meta.chunks:
-            have = self.holders.get(chunk.sha256, set())
-            common = set(have) if common is None else common & have
-            if not common:
-                return 0
-        return len(common or ())
+        return len(self._complete_holders(meta)) if meta.chunks else len(self.nodes)
 
     # -- duties --------------------------------------------------------------------------------
 
     def _duties(
-        self, node: CacheNode, *, meta: cachelog.Metadata, sink: bool, now: float, keep: frozenset[str] | set[str]
+        self,
+        node: CacheNode,
+        *,
+        meta: cachelog.Metadata,
+        sink: bool,
+        now: float,
+        keep: frozenset[str] | set[str],
+        replicas: int,
     ) -> Duties:
         evictable, referenced = self._safe_sets(meta)
         held_safe = node.chunks & evictable
@@ -207,7 +218,9 @@ class Nodes:
                 drop.append(sha)
         persist = self.assign_persist(meta, now=now) if sink else {}
         mine = sorted((path, meta.objects[path].version) for path, owner in persist.items() if owner == node.name)
-        return Duties(persist=mine, evictable_add=add, evictable_remove=remove, drop=sorted(drop))
+        copies = self.assign_copies(meta, replicas=replicas) if replicas > 1 else {}
+        pull = sorted((path, version) for path, (version, targets) in copies.items() if node.name in targets)
+        return Duties(persist=mine, copy=pull, evictable_add=add, evictable_remove=remove, drop=sorted(drop))
 
     def _safe_sets(self, meta: cachelog.Metadata) -> tuple[set[str], set[str]]:
         """(chunks whose every referring object is persisted, chunks referred to), cached per seq."""
@@ -239,6 +252,47 @@ class Nodes:
                 self.persist_owner[path] = best
         return dict(self.persist_owner)
 
+    def assign_copies(self, meta: cachelog.Metadata, *, replicas: int) -> dict[str, tuple[int, set[str]]]:
+        """Under-replicated unpersisted object path -> (version, the online nodes that pull a copy)."""
+        kept: dict[str, tuple[int, set[str]]] = {}
+        for path, obj in meta.objects.items():
+            if obj.persisted or objects.is_data(path) or not obj.chunks:
+                continue
+            complete = self._complete_holders(obj)
+            if len(complete) >= replicas or any(not self.holders.get(c.sha256) for c in obj.chunks):
+                continue
+            version, targets = self.copy_targets.get(path, (obj.version, set()))
+            if version != obj.version:
+                targets = set()
+            targets = {t for t in targets if t in self.nodes and t not in complete}
+            missing = replicas - len(complete) - len(targets)
+            if missing > 0:
+                targets |= set(self._copy_candidates(obj, holders=complete, skip=complete | targets)[:missing])
+            if targets:
+                kept[path] = (obj.version, targets)
+        self.copy_targets = kept
+        return kept
+
+    def _complete_holders(self, obj: objects.ObjectMeta) -> set[str]:
+        common: set[str] | None = None
+        for chunk in obj.chunks:
+            have = self.holders.get(chunk.sha256, set())
+            common = set(have) if common is None else common & have
+            if not common:
+                return set()
+        return {n for n in common or () if n in self.nodes}
+
+    def _copy_candidates(self, obj: objects.ObjectMeta, *, holders: set[str], skip: set[str]) -> list[str]:
+        """Nodes to pull a copy, in placement order: the group of the writer (or of a holder, the writer
+        being gone) first, then the ring after the writer."""
+        near = self.nodes.get(obj.writer) or next((self.nodes[n] for n in sorted(holders) if n in self.nodes), None)
+        group = near.group if near is not None else None
+        others = sorted(
+            (n for n in self.nodes.values() if n.name not in skip and n.free_bytes > 0), key=lambda n: n.name
+        )
+        ring = [n for n in others if n.name > obj.writer] + [n for n in others if n.name <= obj.writer]
+        return [n.name for n in ring if n.group == group] + [n.name for n in ring if n.group != group]
+
     def _best_holder(self, obj: objects.ObjectMeta) -> str | None:
         if not self.nodes:
             return None
@@ -251,13 +305,6 @@ class Nodes:
             return (-held, 0 if name == obj.writer else 1, load.get(name, 0), name)
 
         return min(self.nodes, key=score)
-
-
-def under_replicated(meta: cachelog.Metadata, nodes: Nodes, *, copies: int) -> list[str]:
-    """Unpersisted objects held complete on fewer than ``copies`` online nodes."""
-    return sorted(
-        p for p, m in meta.objects.items() if not m.persisted and not objects.is_data(p) and nodes.copies(m) < copies
-    )
 
 
 def chunk_sources(meta: objects.ObjectMeta, nodes: Nodes, *, exclude: str) -> list[list[tuple[str, str]]]:

@@ -44,6 +44,22 @@ async def test_a_write_is_acknowledged_with_replicas_and_reads_back_identical(cl
     assert cluster.nodes["n2"].agent.reads.sources["peer"] == 3
 
 
+async def test_a_checkpoint_whose_writer_node_is_lost_gets_its_second_copy_back(cluster: Cluster) -> None:
+    await three_nodes(cluster, replicas=2, offline_after=1.0)
+    data = os.urandom(17 * MiB + 3)
+    result = await asyncio.to_thread(write, cluster.nodes["n0"].fs(cluster.token), "step-7/model.pt", data)
+    assert result["copies"] == ["n0", "n1"]
+    obj = cluster.leader().state.meta.get("step-7/model.pt")
+    await cluster.stop_node("n0")  # lost before the checkpoint was persisted (there is no sink)
+    await cluster.wait_until(lambda: "n0" not in cluster.leader().state.nodes.nodes, what="n0 purged")
+    await cluster.wait_until(lambda: cluster.leader().state.nodes.copies(obj) == 2, what="two copies again")
+    assert all(cluster.nodes["n2"].agent.store.has(c.sha256) for c in obj.chunks)
+    assert cluster.nodes["n2"].agent.copies.copied_objects == 1
+    await cluster.stop_node("n1")  # a second loss loses nothing either
+    fs2 = cluster.nodes["n2"].fs(cluster.token)
+    assert await asyncio.to_thread(lambda: fs2.open("step-7/model.pt", "rb").read()) == data
+
+
 async def test_random_reads_and_seeks_match_the_bytes(cluster: Cluster) -> None:
     await three_nodes(cluster, replicas=1)
     data = os.urandom(17 * MiB + 3)

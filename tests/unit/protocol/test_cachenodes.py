@@ -105,3 +105,39 @@ def test_unreferenced_chunks_are_dropped_after_the_grace() -> None:
     assert state.heartbeat(name="n0", now=0.0, added=[A, B], dropped=[], free_bytes=1, meta=meta, sink=False).drop == []
     assert state.heartbeat(name="n0", now=59.0, added=[], dropped=[], free_bytes=1, meta=meta, sink=False).drop == []
     assert state.heartbeat(name="n0", now=61.0, added=[], dropped=[], free_bytes=1, meta=meta, sink=False).drop == [B]
+
+
+def test_a_checkpoint_that_lost_a_holder_gets_a_new_one_until_it_is_persisted() -> None:
+    state = nodes(4)
+    state.register(name="m0", url="http://m0", session="s", group="other", chunks=[], free_bytes=1, now=0.0)
+    meta = committed(("ck/m", [A, B]), writer="n1")
+    for name in ("n1", "n2"):
+        state.heartbeat(name=name, now=1.0, added=[A, B], dropped=[], free_bytes=1, meta=meta, sink=True)
+    beat = {"dropped": [], "free_bytes": 1, "meta": meta, "sink": True, "replicas": 2}
+    assert all(state.heartbeat(name=n, now=2.0, added=[], **beat).copy == [] for n in state.nodes)  # 2 copies
+    for name in ("n0", "n2", "n3", "m0"):
+        state.nodes[name].last_seen = 20.0
+    assert state.purge(now=20.0) == ["n1"]  # the writer's node is lost: one copy left, on n2
+    assert state.heartbeat(name="m0", now=20.0, added=[], **beat).copy == []  # the writer's group first
+    assert state.heartbeat(name="n2", now=20.0, added=[], **beat).copy == []  # it holds a copy already
+    version = meta.get("ck/m").version
+    assert state.heartbeat(name="n0", now=20.0, added=[], **beat).copy == []  # one new holder is enough
+    assert state.heartbeat(name="n3", now=20.0, added=[], **beat).copy == [("ck/m", version)]  # the ring after n1
+    assert state.heartbeat(name="n3", now=21.0, added=[A], **beat).copy == [("ck/m", version)]  # sticky while it pulls
+    assert state.heartbeat(name="n0", now=21.0, added=[], **beat).copy == []
+    assert state.heartbeat(name="n3", now=22.0, added=[B], **beat).copy == []  # a complete copy again
+    assert state.assign_copies(meta, replicas=2) == {}
+    # the new holder is lost too: another node takes the duty; every chunk needs an online holder
+    state.nodes["n0"].last_seen = state.nodes["n2"].last_seen = state.nodes["m0"].last_seen = 40.0
+    assert state.purge(now=40.0) == ["n3"]
+    assert state.heartbeat(name="n0", now=40.0, added=[], **beat).copy == [("ck/m", version)]
+    state.heartbeat(name="n2", now=41.0, added=[], dropped=[B], free_bytes=1, meta=meta, sink=True)
+    assert state.assign_copies(meta, replicas=2) == {}  # B has no online holder left: nothing to copy from
+    state.heartbeat(name="n2", now=42.0, added=[B], dropped=[], free_bytes=1, meta=meta, sink=True)
+    assert state.heartbeat(name="n0", now=42.0, added=[], **beat).copy == [("ck/m", version)]
+    # without replicas (a new leader still learning holders) a heartbeat gives no copy duty
+    assert state.heartbeat(name="n0", now=43.0, added=[], dropped=[], free_bytes=1, meta=meta, sink=True).copy == []
+    entry = meta.prepare_persisted(path="ck/m", version=version)
+    assert entry is not None
+    meta.apply(meta.seq + 1, entry)
+    assert state.assign_copies(meta, replicas=2) == {}  # persisted: the sink holds it

@@ -15,7 +15,8 @@ Rules:
   tensors may change right after, and the stall includes ``torch.save``).
 - The caller's tensors are free as soon as :func:`save` returns.
 - Saves are serialised and committed in the order of their calls; a save that fails leaves
-  nothing visible at its path.
+  nothing visible at its path, raises from :meth:`SaveHandle.wait`, and is logged at ERROR (a
+  loop that never waits still hears of it).
 - Everything goes through the ``ringseed://`` filesystem, so what a save writes is read back by
   ``torch.load(open_read(path))``, DCP's reader, fsspec or the FUSE mount alike.
 """
@@ -24,12 +25,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import logging
 import threading
 from typing import Any
 
 from ringseed.fs import files, spec
 
 _writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringseed-save")
+log = logging.getLogger(__name__)
 
 
 class SaveHandle:
@@ -38,6 +41,12 @@ class SaveHandle:
     def __init__(self, path: str, future: concurrent.futures.Future[dict[str, Any]]) -> None:
         self.path = path
         self.future = future
+        future.add_done_callback(self._report)
+
+    def _report(self, future: concurrent.futures.Future[dict[str, Any]]) -> None:
+        error = None if future.cancelled() else future.exception()
+        if error is not None:
+            log.error("Checkpoint save of %s failed; nothing was written there: %s", self.path, error)
 
     def done(self) -> bool:
         return self.future.done()

@@ -116,3 +116,29 @@ async def test_async_save_takes_a_snapshot_so_training_may_change_the_tensors_at
     assert same(before, one)  # type: ignore[arg-type]
     assert same(sd, two)  # type: ignore[arg-type]
     checkpoint.release_staging()
+
+
+async def test_a_failed_async_save_raises_on_wait_is_logged_and_the_next_save_goes_on(
+    nodes: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ringseed.fs import checkpoint
+
+    sd = state_dict(5)
+
+    def save_twice() -> tuple[BaseException | None, dict[str, object]]:
+        bad = checkpoint.save(sd, "../outside/model.pt")  # refused by the cache, behind the caller
+        good = checkpoint.save(sd, "after/model.pt")
+        error = None
+        try:
+            bad.wait(timeout=60)
+        except Exception as exc:
+            error = exc
+        return error, good.wait(timeout=60)
+
+    with caplog.at_level("ERROR", logger="ringseed.fs.checkpoint"):
+        error, acked = await asyncio.to_thread(save_twice)
+    assert isinstance(error, PermissionError)
+    assert acked["path"] == "after/model.pt" and len(acked["copies"]) == 2
+    assert [r.args[0] for r in caplog.records if r.levelname == "ERROR"] == ["../outside/model.pt"]  # type: ignore[index]
+    assert sorted(nodes.leader().state.meta.objects) == ["after/model.pt"]
+    checkpoint.release_staging()

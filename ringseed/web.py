@@ -16,6 +16,9 @@ Rules every endpoint follows:
 - A malformed request (bad HTTP framing, a broken body) costs one debug line, never an ERROR
   with a traceback: an unauthenticated client must not be able to flood the log.
 - ``/metrics`` is rendered from a :class:`Metrics` in the Prometheus text format.
+- A replicated master (a leader and a follower) answers on a follower with 503 ``not_leader``
+  and the leader's URL in ``LEADER_HEADER``; its clients reach the leader through
+  :class:`Leaders` (the one rule for every client of a replicated master).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import http_exceptions, web
 
 log = logging.getLogger(__name__)
@@ -39,6 +43,7 @@ DEFAULT_MAX_BODY_BYTES = 1 << 20
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
 MAX_INT_DIGITS = 20  # any 64-bit integer fits; anything longer is refused while parsing
 ErrorMap = Mapping[type[Exception], int | Callable[[Exception], int]]
+LEADER_HEADER = "X-Ringseed-Leader"
 
 
 class HTTPProblem(web.HTTPException):
@@ -335,3 +340,46 @@ class Metrics:
 
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class NoLeader(Exception):
+    """No URL of a replicated master answered as its leader; the message lists what each said."""
+
+
+class Leaders:
+    """The URLs of a replicated master, for its clients: which to call, in which order.
+
+    A call goes to the URL that last answered as leader first, then to the others in the order
+    given. A 503 naming the leader (``LEADER_HEADER``; a pod's URL need not be among those given,
+    a Service in a cluster) is tried next; a connection error or any 5xx moves on to the next
+    URL. When every URL failed, :class:`NoLeader` (the caller retries later)."""
+
+    def __init__(self, urls: Iterable[str]) -> None:
+        self.urls = [u.rstrip("/") for u in urls if u.strip()]
+        if not self.urls:
+            raise ValueError("at least one master URL is needed")
+        self.leader = self.urls[0]
+
+    async def call(self, attempt: Callable[[str], Awaitable[tuple[int, str, str | None]]]) -> tuple[int, str]:
+        """``attempt(url)`` -> (status, body, leader hint); the first answer that is not a 5xx."""
+        tried: list[str] = []
+        candidates = [self.leader, *[u for u in self.urls if u != self.leader]]
+        problems: list[str] = []
+        while candidates:
+            url = candidates.pop(0)
+            if url in tried:
+                continue
+            tried.append(url)
+            try:
+                status, text, hint = await attempt(url)
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                problems.append(f"{url}: {type(exc).__name__}: {exc}")
+                continue
+            if status >= 500:
+                problems.append(f"{url}: HTTP {status}")
+                if hint and hint.rstrip("/") not in tried:
+                    candidates.insert(0, hint.rstrip("/"))
+                continue
+            self.leader = url
+            return status, text
+        raise NoLeader("; ".join(problems))

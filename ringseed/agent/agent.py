@@ -117,7 +117,7 @@ class Agent:
         self.prior_checked: set[int] = set()  # chunks of ``prior`` re-hashed fine (origin duty proofs)
         self.availability: list[int] = []
         # what the tracker said
-        self.sync_state: dict[str, Any] = {"epoch": None, "hash_cursor": 0, "avail_version": -1}
+        self.sync_state: dict[str, Any] = {"epoch": None, "since": None}  # the tracker's view we hold
         self.tracker_revision: str | None = None
         self.tracker_confirmed = False
         self.origin_duty = False
@@ -178,7 +178,10 @@ class Agent:
             async with aiohttp.ClientSession() as http:
                 self.http = http
                 self.tracker = tracker_client.TrackerClient(
-                    base_url=self.config.master_url, token=self.config.token, node=self.config.node_name, session=http
+                    urls=self.config.master_url.split(","),
+                    token=self.config.token,
+                    node=self.config.node_name,
+                    session=http,
                 )
                 await self._work(stop)
         finally:
@@ -284,7 +287,7 @@ class Agent:
             revision=rev.to_dict() if rev is not None else None,
         )
         self.heartbeat_interval = float(reply.get("heartbeat_interval", 1.0))
-        self.sync_state = {"epoch": reply.get("epoch"), "hash_cursor": 0, "avail_version": -1}
+        self.sync_state = {"epoch": reply.get("epoch"), "since": None}
         self.announce.clear()
         self.dropped.clear()
         self.tracker_revision = reply.get("revision")
@@ -349,16 +352,29 @@ class Agent:
         if gained:  # a new duty holder checks the revision against the source first (revisions rules)
             self.source_changed.set()
             self.revision_news.set()
-        self.sync_state["epoch"] = reply.get("epoch")
         self.tracker_revision = reply.get("revision")
         self.tracker_confirmed = bool(reply.get("revision_confirmed"))
         ours = self.revision is not None and self.tracker_revision == self.revision.id
         if not ours or (self.origin_duty and not self.tracker_confirmed):
             self.revision_news.set()
         if not ours:
+            self.sync_state = {"epoch": reply.get("epoch"), "since": None}
             return
-        self.sync_state["hash_cursor"] = int(reply.get("hash_cursor", 0))
-        self.sync_state["avail_version"] = int(reply.get("avail_version", -1))
+        self.absorb_view(reply)
+        suspect = [int(i) for i in reply.get("suspect", [])]  # other nodes got bad bytes of these from us
+        if suspect:
+            atrest.start_recheck(self, suspect)
+        self.changed.set()
+
+    def absorb_view(self, reply: dict[str, Any]) -> bool:
+        """Take in the tracker's view from a heartbeat or watch reply (``ringseed/master/tracker.py``):
+        the changes since our version, or a snapshot. False when it is older than what we hold
+        (a reply that crossed a newer one)."""
+        version = int(reply.get("version", -1))
+        since = self.sync_state.get("since")
+        if reply.get("epoch") == self.sync_state.get("epoch") and since is not None and version < since:
+            return False
+        self.sync_state = {"epoch": reply.get("epoch"), "since": version if version >= 0 else None}
         for key, digest in reply.get("hashes", {}).items():
             self.hashes_news.set()
             index = int(key)
@@ -366,13 +382,37 @@ class Agent:
                 log.warning("Chunk %d held here does not match the tracker's hash; fetching again", index)
                 chunks.drop(self, index)
             self.hashes[index] = digest
+        pulling = {int(i) for i in reply.get("pulling", [])}
         if reply.get("availability") is not None:
             self.availability = [int(n) for n in reply["availability"]]
-        self.pulling = {int(i) for i in reply.get("pulling", [])}
-        suspect = [int(i) for i in reply.get("suspect", [])]  # other nodes got bad bytes of these from us
-        if suspect:
-            atrest.start_recheck(self, suspect)
-        self.changed.set()
+        if reply.get("full"):
+            self.pulling = pulling
+        else:
+            self.pulling = (self.pulling | pulling) - {int(i) for i in reply.get("pulling_stopped", [])}
+        if reply.get("avail"):
+            vector = list(self.availability)  # a new list: the download loop sees what grew
+            for level, indices in reply["avail"].items():
+                for index in indices:
+                    if 0 <= int(index) < len(vector):
+                        vector[int(index)] = int(level)
+            self.availability = vector
+        return True
+
+    async def watch(self, chunks: list[int] | None, *, wait: float) -> None:
+        """Wait for news of ``chunks`` (None: of any chunk we lack) from the tracker, at most
+        ``wait`` seconds (a long-poll, never a poll), and take the news in."""
+        generation = self.generation
+        body = {**self.sync_state, "chunks": chunks, "wait": wait}
+        try:
+            reply = await self.tracker.watch(body, wait=wait)
+        except tracker_client.TrackerClientError as exc:
+            log.debug("Watch failed: %s", exc)
+            self.news.set()  # the heartbeat re-registers if the tracker forgot us
+            await asyncio.sleep(min(wait, 1.0))
+            return
+        ours = self.revision is not None and self.tracker_revision == self.revision.id
+        if generation == self.generation and ours and self.absorb_view(reply):
+            self.changed.set()
 
     def counters(self) -> dict[str, int]:
         return {

@@ -28,7 +28,9 @@ from ringseed import cmdline
 def configure(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
     parser.add_argument(
-        "--master-url", default=env("RINGSEED_MASTER_URL"), help="the tracker's URL (env RINGSEED_MASTER_URL)"
+        "--master-url",
+        default=env("RINGSEED_MASTER_URL"),
+        help="the tracker's URL, or both replicas' URLs separated by commas (env RINGSEED_MASTER_URL)",
     )
     parser.add_argument(
         "--node-name",

@@ -31,9 +31,12 @@ Rules:
   that nobody holds yet may be streamed from the puller (``?stream=1``, :mod:`ringseed.agent.stream`),
   at most ``MAX_STREAMS`` at once, each taking a download slot. The streamed bytes are checked
   against the tracker's hash, which is known only once the puller has the whole chunk: the
-  agent asks for it (an early heartbeat) for up to ``HASH_WAIT_S``. A stream that breaks, is
+  agent waits for it (a watch of the chunk) for up to ``HASH_WAIT_S``. A stream that breaks, is
   refused (429) or does not match is dropped without penalty (the bytes were never claimed
   verified) and the chunk is fetched from holders as usual.
+- Waiting is a long-poll, never a poll: a node that has nothing it can fetch or stream parks a
+  watch of any chunk it lacks (``POST /v1/watch``), and one waiting for a streamed chunk's hash
+  watches that chunk; the tracker answers when a copy appears or a pull starts.
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ async def download_loop(agent: Agent) -> None:
     tasks: dict[int, set[asyncio.Task[Outcome]]] = {}
     retries = _Retries(rng)
     stream_retry_at: dict[int, float] = {}
+    waiting: asyncio.Task[None] | None = None
     while True:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(agent.changed.wait(), timeout=0.2)
@@ -130,6 +134,14 @@ async def download_loop(agent: Agent) -> None:
             )
         for index in picks:
             _launch(agent, tasks, index, fetch_chunk(agent, index))
+        if not tasks and (waiting is None or waiting.done()) and _starved(agent, wanted):
+            waiting = asyncio.create_task(agent.watch(None, wait=agent.heartbeat_interval))
+            waiting.add_done_callback(lambda _: agent.changed.set())
+
+
+def _starved(agent: Agent, wanted: set[int]) -> bool:
+    """Nothing we lack can be fetched or streamed now: wait for news (a watch) instead of polling."""
+    return not agent.pulling & wanted and not any(_available(agent, i) for i in wanted)
 
 
 def _launch(agent: Agent, tasks: dict[int, set[asyncio.Task[Outcome]]], index: int, job: Any) -> None:
@@ -273,15 +285,16 @@ async def stream_chunk(agent: Agent, index: int) -> Outcome:
 
 
 async def _await_hash(agent: Agent, index: int) -> str | None:
-    """The tracker's hash of ``index``: it arrives with a heartbeat reply once the puller has it."""
+    """The tracker's hash of ``index``: known once the puller announced it; a watch of the chunk
+    (a long-poll) brings it at once."""
     deadline = time.monotonic() + HASH_WAIT_S
     generation = agent.generation
     while index not in agent.hashes and generation == agent.generation:
-        if time.monotonic() > deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             log.warning("No hash for streamed chunk %d within %.0f s; dropping it", index, HASH_WAIT_S)
             return None
-        agent.news.set()  # heartbeat now; the reply carries hashes learned since our cursor
-        await asyncio.sleep(0.05)
+        await agent.watch([index], wait=min(left, agent.heartbeat_interval))
     return agent.hashes.get(index) if generation == agent.generation else None
 
 

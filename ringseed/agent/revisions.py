@@ -68,7 +68,7 @@ async def adopt(agent: Agent, target: revision.Revision, *, hashes: Sequence[Any
     agent.store_drops.clear()
     agent.verified_digest = None
     agent.availability, agent.pulling = [], set()
-    agent.sync_state["hash_cursor"], agent.sync_state["avail_version"] = 0, -1
+    agent.sync_state["since"] = None  # a snapshot of the new revision next
     seeder.pin_origin(agent)
     agent.problems.clear(problems.SOURCE_CHANGED)
     agent.problems.clear(problems.DIGEST_MISMATCH)

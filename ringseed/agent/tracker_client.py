@@ -2,10 +2,16 @@
 
 Rules:
 - Every call carries the group's bearer token and a timeout.
+- The master may be two replicas (a leader and a follower): the client is given one or more
+  URLs (a Service in a cluster, both replicas cluster-free) and :class:`ringseed.web.Leaders`
+  picks which to call (the last leader first, a follower's 503 names the leader); a new
+  leader does not know us (404 ``unknown_node``): we register again, and nothing verified is
+  fetched again.
 - 404 ``unknown_node`` raises :class:`UnknownNode`: the master restarted or purged us; the agent
   registers again and re-announces what it holds.
-- Connection errors, timeouts and 5xx raise :class:`Unavailable`: the caller retries later
-  (the master may be restarting); other 4xx raise :class:`Refused` with the master's reason.
+- When no URL answers as leader (connection errors, timeouts, 5xx), :class:`Unavailable`: the
+  caller retries later (the master may be restarting or failing over); other 4xx raise
+  :class:`Refused` with the master's reason.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import json
 from typing import Any
 
 import aiohttp
+
+from ringseed import web
 
 
 class TrackerClientError(Exception):
@@ -38,27 +46,42 @@ class Refused(TrackerClientError):
 class TrackerClient:
     """Thin JSON calls to the master; one shared ``aiohttp.ClientSession``."""
 
-    def __init__(self, *, base_url: str, token: str, node: str, session: aiohttp.ClientSession) -> None:
-        self.base_url = base_url.rstrip("/")
+    def __init__(self, *, urls: list[str], token: str, node: str, session: aiohttp.ClientSession) -> None:
+        self._leaders = web.Leaders(urls)
         self.node = node
         self._session = session
         self._headers = {"Authorization": f"Bearer {token}"}
         self._timeout = aiohttp.ClientTimeout(total=10)
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None, **params: Any) -> Any:
-        try:
+    @property
+    def leader(self) -> str:
+        """The URL that last answered as the leader (the first one given until then)."""
+        return self._leaders.leader
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        limit: aiohttp.ClientTimeout | None = None,
+        **params: Any,
+    ) -> Any:
+        async def attempt(url: str) -> tuple[int, str, str | None]:
             async with self._session.request(
                 method,
-                self.base_url + path,
+                url + path,
                 json=body,
                 params=params or None,
                 headers=self._headers,
-                timeout=self._timeout,
+                timeout=limit or self._timeout,
             ) as response:
-                text = await response.text()
-                status = response.status
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise Unavailable(f"tracker at {self.base_url} unreachable: {type(exc).__name__}: {exc}") from exc
+                return response.status, await response.text(), response.headers.get(web.LEADER_HEADER)
+
+        try:
+            status, text = await self._leaders.call(attempt)
+        except web.NoLeader as exc:
+            raise Unavailable(f"no tracker leader reachable: {exc}") from exc
         return self._decode(status, text)
 
     @staticmethod
@@ -96,6 +119,12 @@ class TrackerClient:
 
     async def heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = await self._call("POST", "/v1/heartbeat", dict(body, node=self.node))
+        return result
+
+    async def watch(self, body: dict[str, Any], *, wait: float) -> dict[str, Any]:
+        """A long-poll: answered when the tracker has news for us, at the latest after ``wait`` seconds."""
+        limit = aiohttp.ClientTimeout(total=wait + self._timeout.total if self._timeout.total else None)
+        result: dict[str, Any] = await self._call("POST", "/v1/watch", dict(body, node=self.node), limit=limit)
         return result
 
     async def get_manifest(self) -> dict[str, Any]:

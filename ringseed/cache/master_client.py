@@ -3,10 +3,9 @@
 Owns how an agent reaches the leader (``ringseed/master/cachemeta_api.py`` documents the bodies).
 
 Rules:
-- The agent is given one or more master URLs (a Service in a cluster, both replicas locally).
-  A call goes to the last known leader first; a 503 ``not_leader`` answer names the leader in
-  ``X-Ringseed-Leader`` (tried next), a connection error or another 5xx moves on to the next URL.
-  When every URL failed the call raises :class:`Unavailable` (the caller retries later).
+- The agent is given one or more master URLs (a Service in a cluster, both replicas locally);
+  :class:`ringseed.web.Leaders` picks which to call (the last leader first, a 503's leader hint
+  next). When every URL failed the call raises :class:`Unavailable` (the caller retries later).
 - 404 ``unknown_node`` raises :class:`UnknownNode`: a new leader (or a purge) forgot this
   agent; it registers again with everything it holds.
 - Other 4xx raise :class:`Refused` with the master's code and reason (a bad path, a conflict,
@@ -20,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-LEADER_HEADER = "X-Ringseed-Leader"
+from ringseed import web
 
 
 class MasterError(Exception):
@@ -47,37 +46,18 @@ class MasterClient:
     """JSON calls to the cache master's leader."""
 
     def __init__(self, *, urls: list[str], token: str, node: str, session: aiohttp.ClientSession) -> None:
-        if not urls:
-            raise ValueError("at least one master URL is needed")
-        self.urls = [u.rstrip("/") for u in urls]
-        self.leader = self.urls[0]
+        self._leaders = web.Leaders(urls)
         self.node = node
         self._session = session
         self._headers = {"Authorization": f"Bearer {token}"}
         self._timeout = aiohttp.ClientTimeout(total=30)
 
     async def call(self, method: str, endpoint: str, body: dict[str, Any] | None = None, **params: str) -> Any:
-        tried: list[str] = []
-        candidates = [self.leader, *[u for u in self.urls if u != self.leader]]
-        problems: list[str] = []
-        while candidates:
-            url = candidates.pop(0)
-            if url in tried:
-                continue
-            tried.append(url)
-            try:
-                status, text, hint = await self._once(method, url + endpoint, body, params)
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                problems.append(f"{url}: {type(exc).__name__}: {exc}")
-                continue
-            if status == 503 or status >= 500:
-                problems.append(f"{url}: HTTP {status}")
-                if hint and hint.rstrip("/") not in tried:
-                    candidates.insert(0, hint.rstrip("/"))
-                continue
-            self.leader = url
-            return self._decode(status, text)
-        raise Unavailable("no cache master leader reachable: " + "; ".join(problems))
+        try:
+            status, text = await self._leaders.call(lambda url: self._once(method, url + endpoint, body, params))
+        except web.NoLeader as exc:
+            raise Unavailable(f"no cache master leader reachable: {exc}") from exc
+        return self._decode(status, text)
 
     async def _once(
         self, method: str, url: str, body: dict[str, Any] | None, params: dict[str, str]
@@ -85,7 +65,7 @@ class MasterClient:
         async with self._session.request(
             method, url, json=body, params=params or None, headers=self._headers, timeout=self._timeout
         ) as response:
-            return response.status, await response.text(), response.headers.get(LEADER_HEADER)
+            return response.status, await response.text(), response.headers.get(web.LEADER_HEADER)
 
     @staticmethod
     def _decode(status: int, text: str) -> Any:

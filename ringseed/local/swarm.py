@@ -1,10 +1,12 @@
-"""A cluster-free swarm on 127.0.0.1: one master (tracker) and N agents as separate OS processes.
+"""A cluster-free swarm on 127.0.0.1: a master (tracker, or two replicas) and N agents as separate OS processes.
 
 Owns the processes of ``ringseed local distribute`` and the hooks the process tests use: start,
 SIGKILL and restart single agents or the master, read ``/v1/status``, wait for completion and
 check every node's final copy against the manifest.
 
 Rules:
+- With ``masters=2`` two tracker replicas share a lock directory (one leads, one follows) and
+  every agent gets both URLs; status is read from whichever answers as leader.
 - Every child runs ``python -m ringseed.cli ...`` in its own process group with its log in
   ``<workdir>/logs/<name>.log``; :meth:`LocalSwarm.close` (also on error and Ctrl-C, through the
   context manager) terminates every group, then kills what is left. Nothing outlives the swarm.
@@ -105,6 +107,7 @@ class LocalSwarm:
         seeders: int = 1,
         manifest_uri: str | None = None,
         agent_args: Sequence[str] = (),
+        masters: int = 1,
     ) -> None:
         self.source = source
         self.agent_args = list(agent_args)  # more ``ringseed agent`` options for every agent
@@ -118,8 +121,9 @@ class LocalSwarm:
         self.seeders = seeders
         self.manifest_uri = manifest_uri
         self.token = secrets.token_hex(16)
-        self.master_port = free_port()
-        self.master_url = f"http://127.0.0.1:{self.master_port}"
+        self.master_ports = [free_port() for _ in range(masters)]  # two: a leader and a follower
+        self.master_urls = [f"http://127.0.0.1:{p}" for p in self.master_ports]
+        self.master_port, self.master_url = self.master_ports[0], self.master_urls[0]
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.stopped: set[str] = set()  # children ended on purpose (kill, close)
         self.agent_ports: dict[str, int] = {}
@@ -149,15 +153,22 @@ class LocalSwarm:
             )
 
     def start(self) -> None:
-        self.start_master()
+        for index in range(len(self.master_ports)):
+            self.start_master(index)
         for name in self.names:
             self.start_agent(name)
 
-    def start_master(self) -> None:
-        argv = ["master", "--role", "tracker", "--host", "127.0.0.1", "--port", str(self.master_port)]
+    @staticmethod
+    def master_name(index: int) -> str:
+        return "master" if index == 0 else f"master-{index}"
+
+    def start_master(self, index: int = 0) -> None:
+        argv = ["master", "--role", "tracker", "--host", "127.0.0.1", "--port", str(self.master_ports[index])]
         argv += ["--offline-after", str(self.offline_after), "--heartbeat-interval", str(self.heartbeat_interval)]
         argv += ["--seeders", str(self.seeders)]
-        self._spawn("master", argv)
+        if len(self.master_ports) > 1:  # replicas: a lock both reach picks the leader
+            argv += ["--advertise-url", self.master_urls[index], "--lock-dir", str(self.workdir / "lock")]
+        self._spawn(self.master_name(index), argv)
 
     def node_dir(self, name: str) -> Path:
         return self.workdir / "nodes" / name
@@ -171,7 +182,8 @@ class LocalSwarm:
     def start_agent(self, name: str, *, env: Mapping[str, str] | None = None, module: str = "ringseed.cli") -> None:
         """Start agent ``name``; ``module`` is what ``python -m`` runs (a test's wrapper of ``ringseed.cli``);
         ``agent_args`` (changeable between starts) are appended to its options."""
-        argv = ["agent", "--master-url", self.master_url, "--node-name", name, "--advertise-host", "127.0.0.1"]
+        argv = ["agent", "--master-url", ",".join(self.master_urls), "--node-name", name]
+        argv += ["--advertise-host", "127.0.0.1"]
         self.agent_ports[name] = free_port()
         argv += ["--host", "127.0.0.1", "--port", str(self.agent_ports[name]), "--source", self.source]
         argv += ["--chunk-size", str(self.chunk_size), "--model-name", "/".join(MODEL)]
@@ -220,12 +232,16 @@ class LocalSwarm:
             return None
 
     def get(self, path: str, *, timeout: float = 5.0) -> Any:
-        """GET a master path as JSON; None while the master is unreachable."""
-        body = self._fetch(self.master_url + path, timeout=timeout)
-        try:
-            return json.loads(body) if body is not None else None
-        except ValueError:
-            return None
+        """GET a master path as JSON from the leading master; None while none answers."""
+        for url in [self.master_url, *[u for u in self.master_urls if u != self.master_url]]:
+            body = self._fetch(url + path, timeout=timeout)  # a follower's 503 is None
+            if body is not None:
+                self.master_url = url
+                try:
+                    return json.loads(body)
+                except ValueError:
+                    return None
+        return None
 
     def agent_metrics(self, name: str, *, timeout: float = 5.0) -> dict[str, float] | None:
         """An agent's ``/metrics`` as ``{"ringseed_agent_x": value}`` (unlabelled series); None if unreachable."""

@@ -45,7 +45,7 @@ from ringseed.protocol import cachelog, cachenodes, election
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 16 << 20
 SNAPSHOT_BODY_BYTES = 512 << 20
-LEADER_HEADER = "X-Ringseed-Leader"
+LEADER_HEADER = web.LEADER_HEADER
 
 
 class NotLeader(Exception):

@@ -3,22 +3,19 @@
 Owns the cache master's command line (docs/contracts.md). Two replicas run the same command;
 the lock decides which leads: ``--lock-dir DIR`` (cluster-free: a file lock both replicas can
 reach) or ``--lease NAME`` (in a cluster: a Lease in ``$POD_NAMESPACE``). ``--advertise-url`` is
-where this replica answers (``http://$(POD_IP):8470`` in a pod). Light at import: the server's
+where this replica answers (``http://$(POD_IP):8470`` in a pod). These three flags are the
+master's (``ringseed/master/command.py``), shared with the tracker role. Light at import: the server's
 modules load only in :func:`run`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("cache role")
-    group.add_argument("--advertise-url", help="cache: this replica's URL as the other one reaches it")
-    group.add_argument("--lock-dir", help="cache: directory of the leader lock (cluster-free)")
-    group.add_argument("--lease", help="cache: name of the Kubernetes Lease that picks the leader")
     group.add_argument("--replicas", type=int, default=2, help="cache: copies of each checkpoint (writer included)")
     group.add_argument("--sink", default=None, help="cache: the sink URI (objects are persisted there)")
     group.add_argument("--keep", type=int, default=0, help="cache: checkpoints kept in the cache (0: all)")
@@ -35,9 +32,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, *, token: str) -> int:
-    import secrets
-    from pathlib import Path
-
     from aiohttp import web as aioweb
 
     from ringseed.master import cachemeta, cachemeta_api
@@ -54,13 +48,7 @@ def run(args: argparse.Namespace, *, token: str) -> int:
         print(f"ringseed master: {problem}", file=sys.stderr)
     if problems:
         return 2
-    lock: locks.Lock
-    if args.lock_dir:
-        lock = locks.FileLock(Path(args.lock_dir), "cachemeta")
-    else:
-        namespace = os.environ.get("POD_NAMESPACE", "default")
-        identity = f"{os.environ.get('POD_NAME', 'cachemeta')}-{secrets.token_hex(4)}"
-        lock = locks.LeaseLock.in_cluster(namespace=namespace, name=args.lease, identity=identity)
+    lock = locks.make_lock(lock_dir=args.lock_dir, lease=args.lease, name="cachemeta")
     settings = cachemeta.Settings(
         url=args.advertise_url.rstrip("/"),
         replicas=args.replicas,

@@ -1,5 +1,9 @@
 """``ringseed master``: run the master in its tracker (distribution), coordinator (training) or cache role.
 
+The tracker and cache roles may run as two replicas, a leader and a follower: ``--lock-dir``
+(cluster-free) or ``--lease`` (Kubernetes) picks the leader, ``--advertise-url`` is where this
+replica answers.
+
 Owns the master's command line (docs/contracts.md, "Command lines the operator builds"). The
 coordinator role's module is imported only for ``--role coordinator``. The token comes from
 ``--token-file`` or ``RINGSEED_TOKEN`` (the file wins); a master without a token refuses to start.
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from ringseed import cmdline
 
@@ -38,6 +43,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seeders", type=cmdline.positive_int, default=1, help="tracker: agents on origin duty at once"
     )
+    parser.add_argument(
+        "--heartbeat-replies",
+        choices=("delta", "full"),
+        default="delta",
+        help="tracker: what heartbeat replies carry: the changes since the agent's version, or (the "
+        "behaviour before deltas, for comparison) the whole availability vector whenever it changed",
+    )
     parser.add_argument("--min-peers", type=cmdline.positive_int, default=1, help="coordinator: peers needed to start")
     parser.add_argument(
         "--optimize-topology",
@@ -45,6 +57,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=False,
         help="coordinator: order the ring by measured bandwidth (default: off)",
     )
+    replicas = parser.add_argument_group("replicas (tracker and cache: a leader and a follower)")
+    replicas.add_argument("--advertise-url", help="this replica's URL as agents and the other replica reach it")
+    replicas.add_argument("--lock-dir", help="directory of the leader lock both replicas reach (cluster-free)")
+    replicas.add_argument("--lease", help="name of the Kubernetes Lease that picks the leader (in $POD_NAMESPACE)")
     from ringseed.master import cachemeta_command
 
     cachemeta_command.configure(parser)
@@ -67,12 +83,21 @@ def run(args: argparse.Namespace) -> int:
         return cachemeta_command.run(args, token=token)
     if args.role == "tracker":
         from ringseed.master import tracker
+        from ringseed.protocol import tracker_log
 
+        try:
+            lock = _tracker_lock(args)
+        except ValueError as exc:
+            print(f"ringseed master: {exc}", file=sys.stderr)
+            return 2
         app = tracker.create_app(
             token=token,
             offline_after=args.offline_after,
             heartbeat_interval=args.heartbeat_interval,
             seeders=args.seeders,
+            replies=tracker_log.Replies(args.heartbeat_replies),
+            lock=lock,
+            url=(args.advertise_url or "").rstrip("/"),
         )
     else:
         from ringseed.master import coordinator  # type: ignore[attr-defined,unused-ignore]
@@ -86,3 +111,17 @@ def run(args: argparse.Namespace) -> int:
         )
     aioweb.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
     return 0
+
+
+def _tracker_lock(args: argparse.Namespace) -> Any:
+    """The tracker replica's lock (None: a single replica); its Lease lets a follower take over
+    within one heartbeat timeout (``--offline-after``)."""
+    if not args.lock_dir and not args.lease:
+        return None
+    if not args.advertise_url:
+        raise ValueError("--advertise-url is required with --lock-dir or --lease (agents are sent to it)")
+    from ringseed.master import election as locks
+    from ringseed.protocol import election
+
+    timing = election.lease_timing(takeover_within=args.offline_after)
+    return locks.make_lock(lock_dir=args.lock_dir, lease=args.lease, name="tracker", duration=timing.duration)

@@ -23,6 +23,7 @@ import datetime
 import fcntl
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -199,8 +200,14 @@ class LeaseLock:
                 holder = current.get("holderIdentity")
                 renewed = _parse_time(current.get("renewTime"))
                 length = float(current.get("leaseDurationSeconds") or self.duration)
-                expired = renewed is None or (now - renewed).total_seconds() > length
-                if holder not in (None, "", self.identity) and not expired:
+                takeable = election.lease_takeable(
+                    holder=holder,
+                    renewed_at=renewed.timestamp() if renewed is not None else None,
+                    duration=length,
+                    me=self.identity,
+                    now=now.timestamp(),
+                )
+                if not takeable:
                     return False
                 if holder != self.identity:
                     spec["acquireTime"] = _micro(now)
@@ -246,3 +253,17 @@ class LeaseLock:
 
     def held(self) -> bool:
         return time.monotonic() < self._valid_until
+
+
+def make_lock(*, lock_dir: str | None, lease: str | None, name: str, duration: float = 15.0) -> Lock:
+    """The lock of a replicated master: ``<lock_dir>/<name>.lock`` (cluster-free) or the Lease
+    ``lease`` in ``$POD_NAMESPACE`` with ``$POD_NAME`` and a random suffix as identity (in a
+    cluster). Exactly one of ``lock_dir`` and ``lease`` is given."""
+    if (lock_dir is None) == (lease is None):
+        raise ValueError("give exactly one of a lock directory (cluster-free) or a Lease name (Kubernetes)")
+    if lock_dir is not None:
+        return FileLock(Path(lock_dir), name)
+    assert lease is not None
+    namespace = os.environ.get("POD_NAMESPACE", "default")
+    identity = f"{os.environ.get('POD_NAME', name)}-{secrets.token_hex(4)}"
+    return LeaseLock.in_cluster(namespace=namespace, name=lease, identity=identity, duration=duration)

@@ -14,11 +14,10 @@ lowercase hex SHA-256, node names 1-253 of ``[A-Za-z0-9._-]`` starting with a le
   revision?: Revision.to_dict()}`` -> ``{epoch, heartbeat_interval, offline_after, rejected: [index],
   revision: id|null}`` (chunks of another revision than the tracker's are all rejected)
 - ``POST /v1/heartbeat`` ``{node, load?, counters?: {origin_bytes, fetched_bytes, uploaded_bytes},
-  chunks?: [[index, hash|null, from?]], dropped?: [index], verified_digest?, hash_cursor?, epoch?,
-  avail_version?, problem?: {reason, message}|null, revision?: str|null}``
-  -> ``{epoch, origin_duty, hashes: {index: hash}, hash_cursor, availability: [int]|null,
-  avail_version, rejected, layout_known, pulling: [index], suspect: [index], revision: id|null,
-  revision_confirmed}``.
+  chunks?: [[index, hash|null, from?]], dropped?: [index], verified_digest?, since?: int|null,
+  epoch?, problem?: {reason, message}|null, revision?: str|null}``
+  -> ``{epoch, origin_duty, rejected, layout_known, suspect: [index], revision: id|null,
+  revision_confirmed}`` plus the *view* (below).
   ``chunks`` are batched announcements of verified chunks; a hash rides along only from the
   origin-duty node; ``from`` names the node the chunk was fetched (or streamed) from, null or
   absent when it came from the origin: it is the evidence that the node serves good chunks.
@@ -27,13 +26,25 @@ lowercase hex SHA-256, node names 1-253 of ``[A-Za-z0-9._-]`` starting with a le
   characters; ``message`` one sentence, whitespace folded and cut to ``MAX_MESSAGE``
   characters) or null when it has none; ``revision`` the source revision of the copy it holds
   (at most 128 of ``[A-Za-z0-9._:+-]``); either left out means unchanged. Counters are integers
-  in ``[0, 2**63 - 1]``, ``load`` in ``[0, MAX_LOAD]``. In the reply, ``hashes`` holds the hashes
-  learned since ``hash_cursor``; ``availability`` is null when ``avail_version`` is current;
-  ``pulling`` lists chunks being pulled from the origin now; ``suspect`` lists chunks of this
+  in ``[0, 2**63 - 1]``, ``load`` in ``[0, MAX_LOAD]``. ``suspect`` lists chunks of this
   node that other nodes reported bad: the tracker no longer lists it as their holder, and it
   should check them (drop or announce again). A reply repeats them until then. A node whose
-  ``revision`` is not the tracker's gets no hashes or availability and its chunks are ignored;
-  the reply's ``revision`` (the swarm's) tells it which revision to move to.
+  ``revision`` is not the tracker's gets an empty view (``version: -1``) and its chunks are
+  ignored; the reply's ``revision`` (the swarm's) tells it which revision to move to.
+- The *view* (:class:`ringseed.protocol.tracker.View`): ``{version, full, availability?,
+  avail?: {level: [index]}, hashes?: {index: hash}, pulling?: [index], pulling_stopped?:
+  [index]}``, absent keys empty. ``since`` names the ``version`` of the last view the node
+  absorbed (with ``epoch``; null or absent: none). ``full``: ``availability`` is every chunk's
+  level and ``pulling`` every chunk being pulled (replace). Otherwise ``avail`` maps a level
+  (0, 1, 2, 4, ...) to the chunks the node lacks that reached it since ``since``,
+  ``pulling``/``pulling_stopped`` the pulls that started/ended, ``hashes`` the hashes learned
+  (of chunks the node lacks), and with ``--heartbeat-replies full`` ``availability`` is the
+  whole vector of exact counts whenever one changed. A view whose ``version`` is below the
+  node's current one is stale (a reply that crossed a newer one) and is skipped.
+- ``POST /v1/watch`` ``{node, since, epoch, chunks?: [index]|null, wait}`` -> ``{epoch}`` plus the
+  view: a long-poll held until a watched chunk (at most 64; null: any chunk the node lacks) gets
+  a new copy or starts being pulled, or ``wait`` seconds (at most 30); at once when that
+  happened since ``since`` already.
 - ``GET /v1/manifest`` -> ``{layout|null, chunk_hashes: [hash|null], digest|null,
   revision: Revision.to_dict()|null, revision_confirmed}``
 - ``PUT /v1/manifest`` ``{node, layout, chunk_hashes?, revision?: Revision.to_dict(), replaces?: id}``
@@ -50,24 +61,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import random
 import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from aiohttp import web as aioweb
 
 from ringseed import web
-from ringseed.protocol import manifest, revision, tracker
+from ringseed.master import election as locks
+from ringseed.master import replica
+from ringseed.protocol import election, manifest, revision, tracker, tracker_log, watches
 
 MAX_BODY_BYTES = 16 << 20
 MAX_INDEX = (1 << 31) - 1
 MAX_COUNTER = (1 << 63) - 1
 MAX_LOAD = 1 << 20
 MAX_MESSAGE = 512
-TRACKER_KEY = aioweb.AppKey("tracker", tracker.Tracker)
 ERRORS: web.ErrorMap = {
     tracker.UnknownNode: 404,
     tracker.Conflict: 409,
@@ -82,39 +97,73 @@ REASON = re.compile(r"[A-Z][A-Za-z0-9]{0,63}")
 REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}")
 HEX64 = re.compile(r"[0-9a-f]{64}")
 DIGITS = re.compile(r"[0-9]{1,10}")
+_dumps = functools.partial(json.dumps, separators=(",", ":"))
+REPLICA_KEY = aioweb.AppKey("tracker_replica", replica.SoftReplica)
 
 
-def create_app(*, token: str, offline_after: float, heartbeat_interval: float, seeders: int) -> aioweb.Application:
-    """The tracker-role application (state lives on ``app[TRACKER_KEY]``)."""
-    app = web.make_app(token=token, max_body_bytes=MAX_BODY_BYTES, errors=ERRORS)
-    state = tracker.Tracker(
-        epoch=secrets.token_hex(8),
-        offline_after=offline_after,
-        seeders=seeders,
-        now=time.monotonic(),
-        claim_grace=2 * heartbeat_interval,
+def create_app(
+    *,
+    token: str,
+    offline_after: float,
+    heartbeat_interval: float,
+    seeders: int,
+    replies: tracker_log.Replies = tracker_log.Replies.DELTA,
+    lock: locks.Lock | None = None,
+    url: str = "",
+) -> aioweb.Application:
+    """The tracker-role application; ``replies``: how heartbeat replies tell availability
+    (``FULL``: the behaviour before deltas, for comparison); ``lock``: this replica leads only
+    while it holds it (:mod:`ringseed.master.replica`; None: a single replica), ``url`` is where
+    it answers (named to followers' callers)."""
+    settings = _Settings(
+        offline_after=offline_after, heartbeat_interval=heartbeat_interval, seeders=seeders, replies=replies
     )
-    app[TRACKER_KEY] = state
-    api = _Api(state, heartbeat_interval=heartbeat_interval)
+    api = _Api(settings)
+    timing = election.lease_timing(takeover_within=offline_after)
+    poll = 0.2 if isinstance(lock, locks.FileLock) else timing.poll_every
+    api.replica = replica.SoftReplica(lock=lock, url=url, poll_every=poll, on_lead=api.install, role="tracker")
+    app = web.make_app(token=token, max_body_bytes=MAX_BODY_BYTES, errors=ERRORS)
+    app.middlewares.append(_leader_only(api.replica))
+    app[REPLICA_KEY] = api.replica
     app.router.add_post("/v1/register", api.register)
     app.router.add_post("/v1/heartbeat", api.heartbeat)
+    app.router.add_post("/v1/watch", api.watch)
     app.router.add_get("/v1/manifest", api.get_manifest)
     app.router.add_put("/v1/manifest", api.put_manifest)
     app.router.add_post("/v1/origin/claim", api.claim)
     app.router.add_get("/v1/peers", api.peers)
     app.router.add_post("/v1/report", api.report)
     app.router.add_get("/v1/status", api.status)
+    app.router.add_get("/readyz", api.ready)
     app.router.add_get("/metrics", api.metrics.handler(api.refresh_metrics))
-    app.cleanup_ctx.append(_purge_loop(state, every=min(1.0, offline_after / 4)))
+    app.cleanup_ctx.append(replica.lifecycle(api.replica))
+    app.cleanup_ctx.append(_purge_loop(api, every=min(1.0, offline_after / 4)))
     return app
 
 
-def _purge_loop(state: tracker.Tracker, *, every: float) -> Callable[[aioweb.Application], AsyncIterator[None]]:
+def _leader_only(seat: replica.SoftReplica) -> Any:
+    """Tracker calls (``/v1/...``) on a follower: 503 ``not_leader`` naming the leader."""
+
+    @aioweb.middleware
+    async def middleware(request: aioweb.Request, handler: Any) -> aioweb.StreamResponse:
+        if not seat.leading and request.path.startswith("/v1/"):
+            hint = {web.LEADER_HEADER: seat.leader_url} if seat.leader_url else None
+            where = seat.leader_url or "not known yet"
+            raise web.problem(503, "not_leader", f"this tracker replica follows; the leader is {where}", headers=hint)
+        response: aioweb.StreamResponse = await handler(request)
+        return response
+
+    return middleware
+
+
+def _purge_loop(api: _Api, *, every: float) -> Callable[[aioweb.Application], AsyncIterator[None]]:
     async def ctx(app: aioweb.Application) -> AsyncIterator[None]:
         async def loop() -> None:
             while True:
                 await asyncio.sleep(every)
-                state.purge(now=time.monotonic())
+                if api.replica.leading:
+                    api.state.purge(now=time.monotonic())
+                    api.wake()
 
         task = asyncio.create_task(loop())
         yield
@@ -176,13 +225,49 @@ def _chunk_map(raw: Any) -> dict[int, str]:
 
 
 def _announcements(body: dict[str, Any]) -> list[tracker.Announcement]:
+    """``chunks`` checked item by item (the hot path of a busy swarm: plain type checks, and each
+    distinct ``from`` name matched once per body)."""
     out: list[tracker.Announcement] = []
+    names: set[str] = set()
     for i, item in enumerate(_list(body, "chunks", "[index, hash|null, from?]")):
-        if not isinstance(item, list) or len(item) not in (2, 3):
+        if type(item) is not list or not 2 <= len(item) <= 3:
             raise web.problem(400, "bad_field", f"chunks[{i}] must be [index, hash|null, from?]")
-        index, digest = _index(item[0], f"chunks[{i}][0]"), _hash(item[1], f"chunks[{i}][1]")
-        source = _node_or_null(item[2], f"chunks[{i}][2]") if len(item) == 3 else None
+        index, digest = item[0], item[1]
+        if type(index) is not int or not 0 <= index <= MAX_INDEX:
+            _index(index, f"chunks[{i}][0]")
+        if digest is not None:
+            _hash(digest, f"chunks[{i}][1]")
+        source = item[2] if len(item) == 3 else None
+        if source is not None and source not in names:
+            _node_or_null(source, f"chunks[{i}][2]")
+            names.add(source)
         out.append((index, digest, source))
+    return out
+
+
+def _since(body: dict[str, Any]) -> int | None:
+    if body.get("since") is None:
+        return None
+    return web.integer(body, "since", low=-1, high=MAX_COUNTER)
+
+
+def _epoch(body: dict[str, Any]) -> str | None:
+    return web.text(body, "epoch", max_length=128, pattern=TOKEN, required=False, what="an epoch id")
+
+
+def _view(view: tracker.View) -> dict[str, Any]:
+    """The view's JSON (see the module docstring); empty parts are left out."""
+    out: dict[str, Any] = {"version": view.version, "full": view.full}
+    if view.availability is not None:
+        out["availability"] = view.availability
+    if view.levels:
+        out["avail"] = {str(level): indices for level, indices in view.levels.items()}
+    if view.hashes:
+        out["hashes"] = {str(i): h for i, h in view.hashes.items()}
+    if view.pulling:
+        out["pulling"] = view.pulling
+    if view.pulling_stopped:
+        out["pulling_stopped"] = view.pulling_stopped
     return out
 
 
@@ -230,13 +315,24 @@ def _revision(body: dict[str, Any]) -> str | Literal[tracker.Keep.KEEP] | None:
     return web.text(body, "revision", max_length=128, pattern=REVISION, what="a revision id ([A-Za-z0-9._:+-])")
 
 
+@dataclass(frozen=True)
+class _Settings:
+    offline_after: float
+    heartbeat_interval: float
+    seeders: int
+    replies: tracker_log.Replies
+
+
 class _Api:
     """Request handlers; each translates JSON to one tracker call and back."""
 
-    def __init__(self, state: tracker.Tracker, *, heartbeat_interval: float) -> None:
-        self.state = state
-        self.heartbeat_interval = heartbeat_interval
+    def __init__(self, settings: _Settings) -> None:
+        self.settings = settings
+        self.heartbeat_interval = settings.heartbeat_interval
+        self.state = self._fresh()
+        self.replica: replica.SoftReplica
         self.rng = random.Random()
+        self.waiting: dict[int, asyncio.Future[None]] = {}
         self.metrics = web.Metrics()
         m = self.metrics
         m.declare("tracker_nodes", "gauge", "registered nodes (online)")
@@ -248,6 +344,29 @@ class _Api:
         m.declare("tracker_throughput_bps", "gauge", "summed agent download rate")
         m.declare("tracker_requests_total", "counter", "tracker API requests by endpoint")
         m.declare("tracker_reports_total", "counter", "reports of chunks that failed verification")
+
+    def _fresh(self) -> tracker.Tracker:
+        return tracker.Tracker(
+            epoch=secrets.token_hex(8),
+            offline_after=self.settings.offline_after,
+            seeders=self.settings.seeders,
+            now=time.monotonic(),
+            claim_grace=2 * self.settings.heartbeat_interval,
+            replies=self.settings.replies,
+        )
+
+    def install(self) -> None:
+        """Lead with fresh state (a new epoch: agents re-register with what they hold)."""
+        for woken in self.waiting.values():
+            if not woken.done():
+                woken.set_result(None)
+        self.state = self._fresh()
+
+    async def ready(self, request: aioweb.Request) -> aioweb.Response:
+        """``/readyz``: 200 on the leader, 503 on a follower (a Service routes to the leader)."""
+        leading = self.replica.leading
+        body = {"leading": leading, "leader_url": self.replica.leader_url, "term": self.replica.term}
+        return aioweb.json_response(body, status=200 if leading else 503)
 
     def refresh_metrics(self) -> None:
         status = self.state.status(now=time.monotonic())
@@ -280,6 +399,7 @@ class _Api:
             layout=layout,
             source=source,
         )
+        self.wake()
         return aioweb.json_response(
             {
                 "epoch": self.state.epoch,
@@ -302,28 +422,57 @@ class _Api:
             chunks=_announcements(body),
             dropped=dropped,
             verified_digest=_hash(body.get("verified_digest"), "field 'verified_digest'"),
-            hash_cursor=web.integer(body, "hash_cursor", low=0, high=MAX_COUNTER, default=0),
-            epoch=web.text(body, "epoch", max_length=128, pattern=TOKEN, required=False, what="an epoch id"),
-            avail_version=web.integer(body, "avail_version", low=-1, high=MAX_COUNTER, default=-1),
+            since=_since(body),
+            epoch=_epoch(body),
             problem=_problem(body),
             revision=_revision(body),
         )
-        return aioweb.json_response(
-            {
-                "epoch": self.state.epoch,
-                "origin_duty": reply.origin_duty,
-                "hashes": {str(i): h for i, h in reply.hashes.items()},
-                "hash_cursor": reply.hash_cursor,
-                "availability": reply.availability,
-                "avail_version": reply.avail_version,
-                "rejected": reply.rejected,
-                "layout_known": reply.layout_known,
-                "pulling": reply.pulling,
-                "suspect": reply.suspect,
-                "revision": reply.revision,
-                "revision_confirmed": reply.revision_confirmed,
-            }
-        )
+        self.wake()
+        out = {
+            "epoch": self.state.epoch,
+            "origin_duty": reply.origin_duty,
+            "rejected": reply.rejected,
+            "layout_known": reply.layout_known,
+            "suspect": reply.suspect,
+            "revision": reply.revision,
+            "revision_confirmed": reply.revision_confirmed,
+            **_view(reply.view),
+        }
+        return aioweb.json_response(out, dumps=_dumps)
+
+    async def watch(self, request: aioweb.Request) -> aioweb.Response:
+        self.metrics.inc("tracker_requests_total", endpoint="watch")
+        body = await web.read_json(request)
+        node, since, epoch = _name(body), _since(body), _epoch(body)
+        raw = body.get("chunks")
+        chunks = None
+        if raw is not None:
+            listed = _list(body, "chunks", "chunk indices")
+            if len(listed) > watches.MAX_CHUNKS:
+                raise web.problem(400, "bad_field", f"field 'chunks' names at most {watches.MAX_CHUNKS} chunks")
+            chunks = {_index(v, f"chunks[{i}]") for i, v in enumerate(listed)}
+        wait = web.field_of(body, "wait", (int, float))
+        if not 0 <= wait <= watches.MAX_WAIT:
+            raise web.problem(400, "bad_field", f"field 'wait' must be 0 to {watches.MAX_WAIT:g} seconds")
+        ticket = self.state.watch(node=node, chunks=chunks, since=since, epoch=epoch, now=time.monotonic(), wait=wait)
+        if ticket is not None:
+            woken = asyncio.get_running_loop().create_future()
+            self.waiting[ticket.id] = woken
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken, timeout=max(0.0, ticket.deadline - time.monotonic()))
+            finally:
+                self.waiting.pop(ticket.id, None)
+                self.state.unwatch(ticket.id)
+        view = self.state.view(node=node, since=since, epoch=epoch, now=time.monotonic())
+        return aioweb.json_response({"epoch": self.state.epoch, **_view(view)}, dumps=_dumps)
+
+    def wake(self) -> None:
+        """Answer the watches the last change woke."""
+        for ticket in self.state.watches.take_woken():
+            woken = self.waiting.get(ticket)
+            if woken is not None and not woken.done():
+                woken.set_result(None)
 
     async def get_manifest(self, request: aioweb.Request) -> aioweb.Response:
         layout = self.state.layout
@@ -345,12 +494,14 @@ class _Api:
         node = _name(body)
         now = time.monotonic()
         self.state.publish(node=node, layout=layout, hashes=hashes, now=now, source=_source(body), replaces=replaces)
+        self.wake()
         return aioweb.json_response({"ok": True, "digest": self.state.digest})
 
     async def claim(self, request: aioweb.Request) -> aioweb.Response:
         body = await web.read_json(request)
         count = web.integer(body, "count", low=1, high=1024)
         chunks = self.state.claim_origin(node=_name(body), count=count, now=time.monotonic())
+        self.wake()
         return aioweb.json_response({"chunks": chunks})
 
     async def peers(self, request: aioweb.Request) -> aioweb.Response:

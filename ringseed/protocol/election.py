@@ -17,7 +17,9 @@ The record is written by the leader only, while it holds the lock:
 Instance ids are unique per process start, so a restarted replica is never mistaken for the
 follower it was before (its memory is empty).
 
-Rules for the lock holder (:func:`decide`):
+Rules for the lock holder (:func:`decide`); a master whose state is *soft* (the tracker: it is
+rebuilt from the agents' re-registrations, nothing acknowledged can be lost) leads as soon as it
+holds the lock, with empty state and a new epoch, and the rules below are for hard state:
 - No term yet (a fresh group): lead, with empty state.
 - ``sync`` is this instance and it has the state (it followed): lead, keeping its state.
 - ``leader`` is this instance and it still has its state (it lost and regained the lock): lead.
@@ -26,11 +28,18 @@ Rules for the lock holder (:func:`decide`):
   nobody able to lead may the holder lead with empty state, and it says so (``lost``): the
   committed objects of the dead masters are gone from the metadata (persisted checkpoints are
   still in the sink).
+
+Leases (:func:`lease_takeable`, :func:`lease_timing`): a Lease may be taken when it has no
+holder, is held by the taker, or was last renewed more than its duration ago. Its timing comes
+from how fast a follower must take over (the tracker: within one heartbeat timeout, so agents
+never count as silent because their master died): the duration plus one poll of the follower
+stays below that bound, and the holder renews three times per duration.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -68,9 +77,10 @@ class Decision(enum.Enum):
     WAIT = "wait"  # release the lock; the state is elsewhere
 
 
-def decide(record: Record, *, me: str, has_state: bool, waited: float, grace: float) -> Decision:
-    """What the lock holder ``me`` may do (see the module rules)."""
-    if record.term == 0:
+def decide(record: Record, *, me: str, has_state: bool, waited: float, grace: float, soft: bool = False) -> Decision:
+    """What the lock holder ``me`` may do (see the module rules; ``soft``: its state is rebuilt
+    from its clients, so it always leads)."""
+    if record.term == 0 or soft:
         return Decision.LEAD
     if has_state and me in (record.sync, record.leader):
         return Decision.LEAD
@@ -87,3 +97,26 @@ def take_over(record: Record, *, me: str, url: str, seq: int, lost: bool) -> Rec
 def with_sync(record: Record, *, follower: str, seq: int) -> Record:
     """The record naming ``follower`` in sync (``""``: none)."""
     return replace(record, sync=follower, seq=seq)
+
+
+@dataclass(frozen=True)
+class LeaseTiming:
+    duration: float  # seconds a renewal keeps the Lease (whole seconds: leaseDurationSeconds)
+    renew_every: float  # the holder renews this often
+    poll_every: float  # a follower tries to take it this often
+
+
+def lease_timing(*, takeover_within: float) -> LeaseTiming:
+    """Timing under which a follower takes a dead leader's Lease within ``takeover_within`` seconds
+    (at least 2: a Lease counts whole seconds), not counting the API server's own latency."""
+    poll = min(1.0, takeover_within / 10)
+    duration = max(1.0, math.floor(takeover_within - 2 * poll))
+    return LeaseTiming(duration=duration, renew_every=duration / 3, poll_every=poll)
+
+
+def lease_takeable(*, holder: str | None, renewed_at: float | None, duration: float, me: str, now: float) -> bool:
+    """Whether ``me`` may take (or renew) a Lease held by ``holder`` and renewed at ``renewed_at``
+    (seconds, the same clock as ``now``) for ``duration`` seconds."""
+    if holder in (None, "", me):
+        return True
+    return renewed_at is None or now - renewed_at > duration

@@ -23,15 +23,26 @@ Rules:
   another revision gets no hashes or availability: heartbeat replies carry ``revision`` so that
   it moves over.
 - A chunk hash is learned from a published manifest, or from the node on origin duty that
-  pulled the chunk (it hashes what it pulls). A hash claim from any other node is refused;
-  a claim that differs from a known hash is refused. After a master restart (the tracker is
-  soft state) agents re-register with the chunks they verified and their hashes; unknown
-  hashes are then restored from those registrations (any registered token holder is trusted
-  that far), conflicting ones are refused.
+  pulled the chunk (it hashes what it pulls) or holds its assignment. A hash claim from any
+  other node is refused; a claim that differs from a known hash is refused (the first verified
+  copy wins). After a master restart (the tracker is soft state) agents re-register with the
+  chunks they verified and their hashes; unknown hashes are then restored from those
+  registrations (any registered token holder is trusted that far), conflicting ones are refused.
 - A chunk counts as held only once its hash is known. An announcement may name the node the
   chunk came from (a *vouch* for that node, see :mod:`ringseed.protocol.trust`); a node that
   drops a chunk says so and stops being listed as its holder. Availability (for rarest first)
-  counts holders that are not penalised.
+  counts holders that are not penalised. Holdings are kept compact
+  (:mod:`ringseed.protocol.holdings`: a byte per chunk per node).
+- What a node learns (:class:`View`, :mod:`ringseed.protocol.tracker_log`): every heartbeat
+  names the version of the shared view the node last absorbed (``since``) and the reply carries
+  what changed since then: availability levels (0, 1, 2, 4, ...) of the chunks it lacks, hashes
+  learned, pulls started and ended; a snapshot only when the node is too far behind or comes
+  from another epoch. Its cost is O(changes since), never O(chunks), except for a snapshot.
+  :data:`tracker_log.Replies.FULL` keeps the behaviour before deltas (exact counts, the whole
+  vector whenever any count changed) for the side-by-side benchmark.
+- Long-polls (:mod:`ringseed.protocol.watches`): a node waiting for news of some chunks (or of
+  any chunk it lacks) parks a watch; a new copy or a pull that starts wakes it (watches of any
+  chunk a few per new copy), else its deadline does.
 - Trust (:mod:`ringseed.protocol.trust`) judges from reports of bad chunks and vouches for good
   ones. Recording evidence is O(1); it is judged on the periodic pass (:meth:`Tracker.purge`,
   every second in the master), so a flood of reports or announcements costs at most one
@@ -41,21 +52,26 @@ Rules:
   listed, and its holder is told (``suspect`` in every heartbeat reply until it drops or
   announces the chunk again) so that it checks its copy.
 - Origin duty goes to ``seeders`` online, unpenalised nodes, fit ones first (not discredited,
-  not reporting a problem that stops its pulls: ``DUTY_BLOCKERS``), earliest registered first;
-  a holder keeps its duty while it stays eligible, but an unfit holder gives way to a fit node.
-  A duty holder claims chunks nobody holds; each such chunk is assigned to one holder at a
-  time, so a chunk is pulled from the origin once while a copy lives inside. A node that leaves
-  duty for any reason (purged, penalised, unfit) loses its open assignments at once, so another
-  holder pulls them. For
+  not reporting a problem that stops its pulls: ``DUTY_BLOCKERS``, not stuck lately), earliest
+  registered first; a holder keeps its duty while it stays eligible, but an unfit holder gives
+  way to a fit node. A duty holder claims chunks nobody holds; each such chunk is assigned to
+  one holder at a time (:mod:`ringseed.protocol.assignments`), so a chunk is pulled from the
+  origin once while a copy lives inside. A node that leaves duty for any reason (purged,
+  penalised, unfit) loses its open assignments at once, so another holder pulls them. For
   ``claim_grace`` seconds after the tracker starts no chunk is assigned: after a master
   restart, agents first get the time to re-register and re-announce what they hold, so held
   chunks are not pulled again; when the layout is first published by PUT (no agent brought
   one), nothing is held anywhere and the grace ends at once.
-- Peers for a chunk: online holders other than the asker, fewest active uploads first (the
-  load reported in heartbeats plus the hand-outs since), penalised peers excluded. A chunk
-  nobody holds yet may have a stream source: the node pulling it from the origin now (its
-  assignment), which can send the bytes as they arrive. Heartbeat replies list the chunks
-  being pulled (``pulling``) so that idle nodes know what they could stream.
+- Stuck pulls: a puller that made no progress (no pull completed, no byte read from the origin)
+  for ``factor`` times the expected duration of a chunk at the learned origin rate plus a slack
+  is *stuck*: on the periodic pass it leaves origin duty with its assignments for
+  ``stall_cooloff`` seconds (unless nobody else can hold it), and the chunks go to the next
+  puller. Its late result is an ordinary announcement: accepted only when its hash equals the
+  one the first verified copy set, since it holds neither duty nor the assignment any more.
+- Peers for a chunk: up to ``limit`` online holders other than the asker, least loaded (the
+  load reported in heartbeats plus the hand-outs since) among ``SAMPLE`` drawn at random,
+  penalised peers and peers the asker reported excluded: O(1) in the number of holders. A
+  chunk nobody holds yet may have a stream source: the node pulling it from the origin now.
 - Each node's latest blocking problem (reason, message) and source revision are kept as it
   last reported them (a heartbeat that leaves them out changes nothing).
 - Completion is derived from availability: a node is complete when it holds every chunk, and
@@ -65,18 +81,21 @@ Rules:
 
 from __future__ import annotations
 
+import bisect
 import enum
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ringseed.protocol import choice, manifest, tracker_view, trust
+from ringseed.protocol import assignments, choice, holdings, manifest, tracker_log, tracker_view, trust, watches
 from ringseed.protocol import revision as revisions  # (``Tracker.revision`` is the current id)
 
 MAX_CHUNKS = 1 << 21  # 2 TiB at the smallest chunk size, 128 TiB at the default
 MAX_NODES = 1 << 16  # node names the tracker keeps (registered and departed): bounded memory
 DUTY_BLOCKERS = frozenset({"DiskFull", "WriteFailed", "OriginError"})  # node problems that stop its pulls
+SAMPLE = 16  # holders drawn at random per peer query; the least loaded of them are offered
+STALL_COOLOFF = 300.0  # seconds a stuck puller stays off origin duty
 
 
 class TrackerError(Exception):
@@ -120,14 +139,14 @@ class Problem:
 
 @dataclass
 class NodeState:
-    """What the tracker knows of one registered node (mutable, owned by the tracker)."""
+    """What the tracker knows of one registered node (mutable, owned by the tracker); what it
+    holds is in :attr:`Tracker.holdings`."""
 
     name: str
     url: str
     session: str
     registered_at: float
     last_seen: float
-    have: set[int] = field(default_factory=set)
     have_bytes: int = 0
     load: int = 0
     handed: int = 0
@@ -142,17 +161,33 @@ class NodeState:
 
 
 @dataclass(frozen=True)
+class View:
+    """What a node learns of the shared view: the changes since the version it named, or a snapshot.
+
+    ``full``: ``availability`` holds every chunk's level and ``pulling`` every chunk being
+    pulled (replace what you had). Otherwise ``levels`` maps a level to the chunks (that the
+    node lacks) now at it, ``pulling``/``pulling_stopped`` list pulls that started/ended, and in
+    exact mode ``availability`` is the whole vector of counts when any count changed. ``hashes``
+    always adds to what the node knows. ``version``: name it as ``since`` next time (-1: nothing
+    was absorbed)."""
+
+    version: int
+    full: bool = False
+    availability: list[int] | None = None
+    levels: dict[int, list[int]] = field(default_factory=dict)
+    hashes: dict[int, str] = field(default_factory=dict)
+    pulling: list[int] = field(default_factory=list)
+    pulling_stopped: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class HeartbeatReply:
     """What a node learns from a heartbeat."""
 
     origin_duty: bool
-    hashes: dict[int, str]
-    hash_cursor: int
-    availability: list[int] | None
-    avail_version: int
+    view: View
     rejected: list[int]
     layout_known: bool
-    pulling: list[int] = field(default_factory=list)
     suspect: list[int] = field(default_factory=list)
     revision: str | None = None
     revision_confirmed: bool = False
@@ -170,28 +205,41 @@ class Tracker:
         now: float = 0.0,
         claim_grace: float = 0.0,
         judge: trust.Trust | None = None,
+        replies: tracker_log.Replies = tracker_log.Replies.DELTA,
+        stall_factor: float = assignments.FACTOR,
+        stall_slack: float | None = None,
+        stall_cooloff: float = STALL_COOLOFF,
     ) -> None:
         self.epoch = epoch
         self.claim_grace = claim_grace
         self.claims_from = now + claim_grace
         self.offline_after = offline_after
         self.seeders = max(1, seeders)
+        self.replies = replies
         self.layout: manifest.Layout | None = None
         self.source: revisions.Revision | None = None
         self.confirmed = False
         self.hashes: list[str | None] = []
         self.hash_log: list[int] = []
-        self.holders: list[set[str]] = []
+        self.holdings = holdings.Holdings()
+        self.log = tracker_log.ChangeLog()
+        self.watches = watches.Watches()
         self.nodes: dict[str, NodeState] = {}
         self.departed: dict[str, dict[str, Any]] = {}
         self.duty: list[str] = []
-        self.assigned: dict[int, str] = {}
+        slack = stall_slack if stall_slack is not None else offline_after
+        self.pulls = assignments.Assignments(factor=stall_factor, slack=slack)
+        self.stall_cooloff = stall_cooloff
+        self.stalled: dict[str, float] = {}  # stuck pullers -> until when they stay off duty
         self.trust = judge if judge is not None else trust.Trust()
         self.penalised: frozenset[str] = frozenset()
         self.discredited: frozenset[str] = frozenset()
         self.origin_bytes_gone = 0
-        self.avail_version = 0
         self._avail: list[int] = []
+        self._level: list[int] = []
+        self._hash_versions: list[int] = []  # the log version at which each hash_log entry was learned
+        self._hashes_from = 0  # versions before this one knew another layout
+        self._unheld_from = 0  # every chunk below is held or assigned
         self._digest: str | None = None
 
     # -- layout and hashes -------------------------------------------------------------
@@ -200,6 +248,11 @@ class Tracker:
     def revision(self) -> str | None:
         """The id of the revision the swarm distributes (None until one is known)."""
         return self.source.id if self.source is not None else None
+
+    @property
+    def assigned(self) -> dict[int, str]:
+        """Open origin assignments, chunk -> puller (a copy)."""
+        return self.pulls.as_dict()
 
     def publish(
         self,
@@ -221,7 +274,7 @@ class Tracker:
         new = source if source is not None else revisions.Revision(layout=layout)
         if new.layout != layout:
             raise Conflict("the revision's layout differs from the layout published with it")
-        if self.layout is None and not any(s.have for s in self.nodes.values()):
+        if self.layout is None and not any(self.holdings.held_count(n) for n in self.nodes):
             self.claims_from = min(self.claims_from, now)  # a fresh start: nothing to wait for
         self._refresh_duty(now)
         if self.source is not None and new.id != self.source.id:
@@ -254,9 +307,9 @@ class Tracker:
             raise TrackerError(f"layout has {new.layout.chunk_count} chunks, more than {MAX_CHUNKS}: use bigger chunks")
         self.source, self.layout = None, None
         for state in self.nodes.values():
-            state.have, state.have_bytes, state.verified_digest = set(), 0, None
+            state.have_bytes, state.verified_digest = 0, None
             state.suspect = set()
-        self.assigned = {}
+        self.pulls.release_all_but(())
         self.claims_from = now + self.claim_grace  # nodes first reuse what they hold, by hash
         self._set_layout(new.layout, new)
 
@@ -267,26 +320,31 @@ class Tracker:
             return
         if layout.chunk_count > MAX_CHUNKS:
             raise TrackerError(f"layout has {layout.chunk_count} chunks, more than {MAX_CHUNKS}: use bigger chunks")
+        count = layout.chunk_count
         self.layout = layout
         self.source = source if source is not None else revisions.Revision(layout=layout)
         self.confirmed = False
-        self.hashes = [None] * layout.chunk_count
-        self.hash_log = []
+        self.hashes = [None] * count
+        self.hash_log, self._hash_versions = [], []
         self._digest = None
-        self.holders = [set() for _ in range(layout.chunk_count)]
-        self._avail = [0] * layout.chunk_count
-        self._changed()
+        self.holdings.reset(count)
+        self._avail, self._level = [0] * count, [0] * count
+        self._unheld_from = 0
+        self.log.restart(limit=max(1 << 16, 4 * count))
+        self._hashes_from = self.log.version
 
     def _learn_hash(self, index: int, digest: str) -> None:
         if self.hashes[index] is None:
             self.hashes[index] = digest
             self.hash_log.append(index)
+            self.log.add(tracker_log.HASH, index)
+            self._hash_versions.append(self.log.version)
 
     def _claim_hash(self, *, node: str, index: int, digest: str, restoring: bool) -> bool:
         known = self.hashes[index]
         if known is not None:
             return known == digest
-        if not (restoring or node in self.duty or self.assigned.get(index) == node):
+        if not (restoring or node in self.duty or self.pulls.puller(index) == node):
             return False
         self._learn_hash(index, digest)
         return True
@@ -330,6 +388,7 @@ class Tracker:
             self._drop(old, keep_counters=old.session == session)
         self.departed.pop(node, None)
         self.nodes[node] = NodeState(name=node, url=url, session=session, registered_at=now, last_seen=now)
+        self.holdings.join(node)
         if old is not None and old.session == session:
             self.nodes[node].origin_bytes = old.origin_bytes
         self.nodes[node].revision = source.id if source is not None else None
@@ -350,6 +409,7 @@ class Tracker:
     def _add_chunks(self, node: str, items: Iterable[Announcement], *, restoring: bool, now: float) -> list[int]:
         state = self.nodes[node]
         rejected: list[int] = []
+        counted = node not in self.penalised
         for item in items:
             index, digest = item[0], item[1]
             if self.layout is None or not 0 <= index < len(self.hashes):
@@ -362,25 +422,41 @@ class Tracker:
                 rejected.append(index)
                 continue
             source = item[2] if len(item) > 2 else None
-            if source is not None and source in self.holders[index]:
+            if source is not None and self.holdings.holds(source, index):
                 self.trust.vouch(fetcher=node, peer=source, now=now)
-            if index not in state.have:
-                state.have.add(index)
-                state.have_bytes += self.layout.chunk_length(index)
-                self.holders[index].add(node)
-                self.assigned.pop(index, None)
-                self._avail[index] += node not in self.penalised
-                self._changed()
+            if self.holdings.add(node, index):
+                length = self.layout.chunk_length(index)
+                state.have_bytes += length
+                if self.pulls.complete(index, node=node, now=now, nbytes=length) is not None:
+                    self._pull_ended(index)
+                if counted:
+                    self._count(index, 1)
         return rejected
 
-    def _remove_chunk(self, state: NodeState, index: int) -> None:
-        if index not in state.have or self.layout is None:
-            return
-        state.have.discard(index)
+    def _remove_chunk(self, state: NodeState, index: int) -> bool:
+        if self.layout is None or not 0 <= index < len(self.hashes) or not self.holdings.remove(state.name, index):
+            return False
         state.have_bytes -= self.layout.chunk_length(index)
-        self.holders[index].discard(state.name)
-        self._avail[index] -= state.name not in self.penalised
-        self._changed()
+        if state.name not in self.penalised:
+            self._count(index, -1)
+        return True
+
+    def _count(self, index: int, step: int) -> None:
+        """One unpenalised holder more or less: the availability, its level, the log, the watches."""
+        count = self._avail[index] = self._avail[index] + step
+        new = count if self.replies is tracker_log.Replies.FULL else tracker_log.level(count)
+        old = self._level[index]
+        if new == old:
+            return
+        self._level[index] = new
+        self.log.add(tracker_log.AVAIL, index)
+        if new > old:
+            self.watches.news(index, copies=new - old, lacks=self._lacks(index))
+        elif new == 0:
+            self._unheld_from = min(self._unheld_from, index)
+
+    def _lacks(self, index: int) -> Callable[[str], bool]:
+        return lambda name: not self.holdings.holds(name, index)
 
     def heartbeat(
         self,
@@ -392,14 +468,14 @@ class Tracker:
         chunks: Iterable[Announcement] = (),
         dropped: Iterable[int] = (),
         verified_digest: str | None = None,
-        hash_cursor: int = 0,
+        since: int | None = None,
         epoch: str | None = None,
-        avail_version: int = -1,
         problem: Problem | Literal[Keep.KEEP] | None = KEEP,
         revision: str | Literal[Keep.KEEP] | None = KEEP,
     ) -> HeartbeatReply:
         """Record liveness, load, counters, dropped and new chunks, problem and revision; answer
-        with duty, hashes, availability, what is being pulled and which of its chunks to check.
+        with duty, what changed since version ``since`` of epoch ``epoch`` (:class:`View`) and
+        which of its chunks to check.
 
         A node whose revision is not the tracker's (None: not known yet, taken as current) gets
         no hashes or availability and its chunks are ignored: it must move to the current
@@ -410,38 +486,38 @@ class Tracker:
             state.problem = problem
         if revision is not KEEP:
             state.revision = revision
-        ours = state.revision is None or self.revision is None or state.revision == self.revision
+        ours = self._ours(state)
         state.verified_digest = verified_digest if ours else None
         self._counters(state, counters or {}, now)
         rejected: list[int] = []
+        lost: list[int] = []
         if ours:
             chunks = list(chunks)
             for index in dropped:
-                self._remove_chunk(state, index)
+                if self._remove_chunk(state, index):
+                    lost.append(index)
                 state.suspect.discard(index)
             rejected = self._add_chunks(node, chunks, restoring=False, now=now)
             state.suspect.difference_update(item[0] for item in chunks)
         self._refresh_duty(now)
-        cursor = hash_cursor if epoch == self.epoch and 0 <= hash_cursor <= len(self.hash_log) else 0
-        new = {i: self.hashes[i] or "" for i in self.hash_log[cursor:]} if ours else {}
-        fresh = avail_version == self.avail_version and epoch == self.epoch
-        avail = None if fresh or not ours else self.availability()
         return HeartbeatReply(
             origin_duty=node in self.duty,
-            hashes=new,
-            hash_cursor=len(self.hash_log),
-            availability=avail,
-            avail_version=self.avail_version,
+            view=self._view(state, since=since, epoch=epoch, also=lost) if ours else View(version=-1),
             rejected=rejected,
             layout_known=self.layout is not None,
-            pulling=sorted(self.assigned),
             suspect=sorted(state.suspect),
             revision=self.revision,
             revision_confirmed=self.confirmed,
         )
 
+    def _ours(self, state: NodeState) -> bool:
+        return state.revision is None or self.revision is None or state.revision == self.revision
+
     def _counters(self, state: NodeState, counters: Mapping[str, int], now: float) -> None:
-        state.origin_bytes = max(state.origin_bytes, int(counters.get("origin_bytes", state.origin_bytes)))
+        origin = max(state.origin_bytes, int(counters.get("origin_bytes", state.origin_bytes)))
+        if origin > state.origin_bytes:
+            self.pulls.progressed(state.name, now=now)
+        state.origin_bytes = origin
         fetched = int(counters.get("fetched_bytes", state.fetched_bytes))
         if state.sample is not None and now > state.sample[0]:
             rate = max(0, fetched - state.sample[1]) / (now - state.sample[0])
@@ -449,27 +525,148 @@ class Tracker:
         state.sample = (now, fetched)
         state.fetched_bytes = fetched
 
+    # -- what a node learns ------------------------------------------------------------
+
+    def view(self, *, node: str, since: int | None, epoch: str | None, now: float) -> View:
+        """What ``node`` learns of the shared view since ``since`` (the answer of a watch)."""
+        state = self._node(node, now)
+        return self._view(state, since=since, epoch=epoch) if self._ours(state) else View(version=-1)
+
+    def _view(self, state: NodeState, *, since: int | None, epoch: str | None, also: Sequence[int] = ()) -> View:
+        """The changes since ``since`` (chunks in ``also``, which the node just dropped, are
+        told whether they changed or not: it heard nothing of them while it held them)."""
+        version = self.log.version
+        known = since if epoch == self.epoch else None
+        window = self.log.since(known) if known is not None else None
+        if window is not None and len(window) > max(64, len(self._avail)):
+            window = None  # the snapshot is the smaller answer
+        hashes = self._hashes_since(known, state.name)
+        if window is None:
+            return View(
+                version=version, full=True, availability=list(self._level), hashes=hashes, pulling=sorted(self.pulls)
+            )
+        mine = self.holdings.have_of(state.name)
+        levels: dict[int, list[int]] = {}
+        pulling: list[int] = []
+        stopped: list[int] = []
+        any_count = False
+        for entry in set(window):
+            kind, index = entry & 3, entry >> 2
+            if kind == tracker_log.AVAIL:
+                any_count = True
+                if not mine[index]:
+                    levels.setdefault(self._level[index], []).append(index)
+            elif kind == tracker_log.PULL:
+                (pulling if index in self.pulls else stopped).append(index)
+        told = {i for listed in levels.values() for i in listed} if also else set()
+        for index in also:
+            if index not in told:
+                levels.setdefault(self._level[index], []).append(index)
+        if self.replies is tracker_log.Replies.FULL:
+            vector = list(self._avail) if any_count else None
+            return View(
+                version=version,
+                availability=vector,
+                hashes=hashes,
+                pulling=sorted(pulling),
+                pulling_stopped=sorted(stopped),
+            )
+        for listed in levels.values():
+            listed.sort()
+        return View(
+            version=version, levels=levels, hashes=hashes, pulling=sorted(pulling), pulling_stopped=sorted(stopped)
+        )
+
+    def _hashes_since(self, since: int | None, node: str) -> dict[int, str]:
+        """Hashes learned after version ``since`` (all when None or older than the layout), of
+        chunks ``node`` does not hold."""
+        start = 0 if since is None or since < self._hashes_from else bisect.bisect_right(self._hash_versions, since)
+        mine = self.holdings.have_of(node)
+        return {i: self.hashes[i] or "" for i in self.hash_log[start:] if not mine[i]}
+
+    # -- long-polls ----------------------------------------------------------------------
+
+    def watch(
+        self,
+        *,
+        node: str,
+        chunks: Collection[int] | None,
+        since: int | None,
+        epoch: str | None,
+        now: float,
+        wait: float,
+    ) -> watches.Ticket | None:
+        """Park a watch of ``chunks`` (None: any chunk ``node`` lacks) for ``wait`` seconds at most;
+        None when there is news since ``since`` already (answer at once with :meth:`view`)."""
+        state = self._node(node, now)
+        if chunks is not None:
+            if len(chunks) > watches.MAX_CHUNKS:
+                raise TrackerError(f"a watch names at most {watches.MAX_CHUNKS} chunks, not {len(chunks)}")
+            if any(not 0 <= i < len(self.hashes) for i in chunks):
+                raise TrackerError("a watched chunk is out of range")
+        if wait <= 0 or not self._ours(state) or self._news(state, chunks, since=since, epoch=epoch):
+            return None
+        return self.watches.add(node=node, chunks=chunks, now=now, wait=wait)
+
+    def unwatch(self, ticket: int) -> None:
+        self.watches.remove(ticket)
+
+    def _news(self, state: NodeState, chunks: Collection[int] | None, *, since: int | None, epoch: str | None) -> bool:
+        """Whether something ``state`` may fetch or stream (of ``chunks``) changed after ``since``."""
+        window = self.log.since(since) if since is not None and epoch == self.epoch else None
+        if window is None:
+            return True
+        mine = self.holdings.have_of(state.name)
+        for entry in set(window):
+            kind, index = entry & 3, entry >> 2
+            if mine[index] or (chunks is not None and index not in chunks):
+                continue
+            if kind == tracker_log.HASH and chunks is not None:
+                return True
+            if kind == tracker_log.AVAIL and self._level[index] > 0:
+                return True
+            if kind == tracker_log.PULL and index in self.pulls:
+                return True
+        return False
+
+    # -- the periodic pass -----------------------------------------------------------------
+
     def purge(self, *, now: float) -> list[str]:
         """The periodic pass (the master runs it every second or more often): drop nodes silent
-        for longer than ``offline_after``, then judge the evidence gathered since the last pass
-        (and let old evidence decay); returns the names of the nodes dropped."""
+        for longer than ``offline_after``, take origin duty from stuck pullers, then judge the
+        evidence gathered since the last pass (and let old evidence decay); returns the names of
+        the nodes dropped."""
         gone = [n for n, s in self.nodes.items() if now - s.last_seen > self.offline_after]
         for name in gone:
             state = self.nodes.pop(name)
             self.departed[name] = tracker_view.node_entry(self, state, online=False)
             self._drop(state, keep_counters=False)
+        self._unstick(now)
         self._judge(now)
         return gone
 
+    def _unstick(self, now: float) -> None:
+        """Stuck pullers leave origin duty for ``stall_cooloff`` seconds; their chunks go to others."""
+        self.stalled = {n: t for n, t in self.stalled.items() if t > now}
+        if self.layout is None:
+            return
+        for name in self.pulls.stuck(now=now, chunk_bytes=self.layout.chunk_size):
+            self.stalled[name] = now + self.stall_cooloff
+            for index in self.pulls.of(name):
+                self.pulls.release(index)
+                self._pull_ended(index)
+            self.pulls.forget(name)
+
     def _drop(self, state: NodeState, *, keep_counters: bool) -> None:
         counted = state.name not in self.penalised
-        for index in state.have:
-            self.holders[index].discard(state.name)
-            self._avail[index] -= counted
-        if state.have:
-            self._changed()
-        state.have = set()
-        self.assigned = {i: n for i, n in self.assigned.items() if n != state.name}
+        for index in self.holdings.leave(state.name):
+            if counted:
+                self._count(index, -1)
+        state.have_bytes = 0
+        for index in self.pulls.of(state.name):
+            self.pulls.release(index)
+            self._pull_ended(index)
+        self.pulls.forget(state.name)
         if state.name in self.duty:
             self.duty.remove(state.name)
         if not keep_counters:
@@ -484,74 +681,93 @@ class Tracker:
         Cheap while every seat holds an eligible, fit node (every heartbeat calls it); the full
         choice walks every node."""
         kept = [n for n in self.duty if n in self.nodes and self._online(self.nodes[n], now)]
-        if len(kept) >= self.seeders and not any(self._unfit(self.nodes[n]) for n in kept):
+        if len(kept) >= self.seeders and not any(self._unfit(self.nodes[n], now) for n in kept):
             if len(kept) < len(self.duty):
                 self._set_duty(kept)
             return
         eligible = {n: s for n, s in self.nodes.items() if self._online(s, now)}
-        fit = sum(1 for s in eligible.values() if not self._unfit(s))
-        kept = [n for n in self.duty if n in eligible and not self._unfit(eligible[n])]
-        doubtful = [n for n in self.duty if n in eligible and self._unfit(eligible[n])]
+        fit = sum(1 for s in eligible.values() if not self._unfit(s, now))
+        kept = [n for n in self.duty if n in eligible and not self._unfit(eligible[n], now)]
+        doubtful = [n for n in self.duty if n in eligible and self._unfit(eligible[n], now)]
         kept += doubtful[: max(0, self.seeders - fit)]  # seats no fit node can take
         ranked = sorted(
             (s for n, s in eligible.items() if n not in kept),
-            key=lambda s: (self._unfit(s), s.name in self.discredited, s.registered_at, s.name),
+            key=lambda s: (self._unfit(s, now), s.name in self.discredited, s.registered_at, s.name),
         )
         kept += [s.name for s in ranked[: max(0, self.seeders - len(kept))]]
         self._set_duty(kept)
 
-    def _unfit(self, state: NodeState) -> bool:
-        """Discredited, or reporting a problem that keeps it from pulling (full disk, failing writes
-        or origin): such a node holds origin duty only while no fit node can."""
+    def _unfit(self, state: NodeState, now: float) -> bool:
+        """Discredited, reporting a problem that keeps it from pulling (full disk, failing writes
+        or origin), or stuck not long ago: such a node holds origin duty only while no fit node can."""
         impaired = state.problem is not None and state.problem.reason in DUTY_BLOCKERS
-        return state.name in self.discredited or impaired
+        return state.name in self.discredited or impaired or self.stalled.get(state.name, now) > now
 
     def _set_duty(self, duty: list[str]) -> None:
         if any(n not in duty for n in self.duty):  # leavers lose their open assignments at once
-            self.assigned = {i: n for i, n in self.assigned.items() if n in duty}
+            for index in self.pulls.release_all_but(duty):
+                self._pull_ended(index)
         self.duty = duty
 
     # -- origin, peers, trust -----------------------------------------------------------
 
     def claim_origin(self, *, node: str, count: int, now: float) -> list[int]:
-        """Chunks ``node`` (on origin duty) should pull: its open assignments, topped up to ``count``."""
+        """Chunks ``node`` (on origin duty) should pull: its open assignments, topped up to ``count``
+        with chunks nobody holds or pulls (lowest index first; amortised O(count))."""
         self._node(node, now)
         self._refresh_duty(now)
         if node not in self.duty:
             raise Forbidden(f"node {node!r} does not hold origin duty")
         if self.layout is None or now < self.claims_from or not self.confirmed:
             return []  # (an unconfirmed revision may be stale: the duty holder takes it from the source first)
-        avail = self.availability()
-        mine = [i for i, n in sorted(self.assigned.items()) if n == node]
-        for index in range(len(avail)):
-            if len(mine) >= count:
-                break
-            if avail[index] == 0 and index not in self.assigned:
-                self.assigned[index] = node
+        mine = self.pulls.of(node)
+        index, avail = self._unheld_from, self._avail
+        while len(mine) < count and index < len(avail):
+            if avail[index] == 0 and index not in self.pulls:
+                self.pulls.assign(index, node, now=now)
+                self.log.add(tracker_log.PULL, index)
+                self.watches.news(index, copies=1, lacks=self._lacks(index))
                 mine.append(index)
+            index += 1
+        self._unheld_from = index
         return mine[:count]
+
+    def _pull_ended(self, index: int) -> None:
+        self.log.add(tracker_log.PULL, index)
+        if self._avail[index] == 0:
+            self._unheld_from = min(self._unheld_from, index)
 
     def peers(self, *, chunk: int, node: str, now: float, rng: random.Random, limit: int = 4) -> list[choice.Holder]:
         """Online, unpenalised holders of ``chunk`` other than ``node`` and the peers it reported,
-        least loaded first."""
-        if not 0 <= chunk < len(self.holders):
+        the least loaded of ``SAMPLE`` drawn at random first."""
+        if not 0 <= chunk < len(self.hashes):
             raise TrackerError(f"chunk {chunk} is out of range")
         shunned = self.trust.reported_by(node)
-        holders = (self.nodes[n] for n in self.holders[chunk] if n != node and n not in shunned)
-        candidates = [
-            choice.Holder(name=s.name, url=s.url, load=s.load + s.handed) for s in holders if self._online(s, now)
-        ]
+        nodes, penalised = self.nodes, self.penalised
+
+        def usable(name: str) -> bool:
+            state = nodes.get(name)
+            return (
+                state is not None
+                and name != node
+                and name not in shunned
+                and name not in penalised
+                and now - state.last_seen <= self.offline_after
+            )
+
+        drawn = (nodes[n] for n in self.holdings.sample(chunk, k=SAMPLE, rng=rng, accept=usable))
+        candidates = [choice.Holder(name=s.name, url=s.url, load=s.load + s.handed) for s in drawn]
         chosen = choice.least_loaded(candidates, rng=rng)[:limit]
         if chosen:
-            self.nodes[chosen[0].name].handed += 1
+            nodes[chosen[0].name].handed += 1
         return chosen
 
     def stream_source(self, *, chunk: int, node: str, now: float) -> choice.Holder | None:
         """The online, unpenalised node pulling ``chunk`` from the origin now (not ``node``, nor
         a peer it reported), if any."""
-        if not 0 <= chunk < len(self.holders):
+        if not 0 <= chunk < len(self.hashes):
             raise TrackerError(f"chunk {chunk} is out of range")
-        puller = self.assigned.get(chunk)
+        puller = self.pulls.puller(chunk)
         if puller is None or puller == node or puller in self.trust.reported_by(node):
             return None
         state = self.nodes.get(puller)
@@ -566,7 +782,7 @@ class Tracker:
             raise TrackerError("a node cannot report itself")
         if peer not in self.nodes and peer not in self.departed:
             raise TrackerError(f"peer {peer!r} is not a node of this swarm")
-        if not 0 <= chunk < len(self.holders):
+        if not 0 <= chunk < len(self.hashes):
             raise TrackerError(f"chunk {chunk} is out of range")
         self.trust.report(reporter=reporter, peer=peer, chunk=chunk, now=now)
 
@@ -574,17 +790,15 @@ class Tracker:
         """Apply the trust verdict: availability, suspect copies, origin duty."""
         verdict = self.trust.judge(now=now)
         for name in verdict.penalised.symmetric_difference(self.penalised):
-            state = self.nodes.get(name)
-            if state is not None and state.have:
+            if name in self.nodes:
                 step = -1 if name in verdict.penalised else 1
-                for index in state.have:
-                    self._avail[index] += step
-                self._changed()
+                for index in self.holdings.held(name):
+                    self._count(index, step)
         self.penalised, self.discredited = verdict.penalised, verdict.discredited
         for peer, chunk in verdict.suspect:
             self.trust.spend(peer=peer, chunk=chunk)
             state = self.nodes.get(peer)
-            if state is not None and chunk in state.have:
+            if state is not None and self.holdings.holds(peer, chunk):
                 self._remove_chunk(state, chunk)
                 state.suspect.add(chunk)
         self._refresh_duty(now)
@@ -593,8 +807,10 @@ class Tracker:
         """Unpenalised holders per chunk, kept up to date incrementally (do not mutate)."""
         return self._avail
 
-    def _changed(self) -> None:
-        self.avail_version += 1
+    def holders_of(self, chunk: int) -> set[str]:
+        """Every node listed as holding ``chunk`` (penalised ones included; O(nodes) for a
+        widely held chunk: for status and tests)."""
+        return self.holdings.holders(chunk)
 
     def status(self, *, now: float) -> dict[str, Any]:
         """The master's ``/v1/status`` body (tracker role), see docs/contracts.md."""

@@ -29,10 +29,11 @@ def node_entry(tracker: Tracker, state: NodeState, *, online: bool) -> dict[str,
     """One node's line in the status."""
     total = tracker.layout.chunk_count if tracker.layout is not None else -1
     digest = tracker.digest
-    complete = len(state.have) == total
+    held = tracker.holdings.held_count(state.name)
+    complete = held == total
     current = tracker.confirmed and state.revision in (None, tracker.revision)
     return {
-        "chunks": len(state.have),
+        "chunks": held,
         "bytes": state.have_bytes,
         "complete": complete,
         "verified": complete and current and digest is not None and state.verified_digest == digest,

@@ -42,9 +42,8 @@ TRACKER_CALLS: dict[str, tuple[str, str, dict[str, Any]]] = {
             "chunks": [[1, H, None], [2, None, "node-b"]],
             "dropped": [3],
             "verified_digest": None,
-            "hash_cursor": 0,
+            "since": 0,
             "epoch": "e",
-            "avail_version": -1,
             "problem": {"reason": "DiskFull", "message": "no space left"},
             "revision": "r1",
         },
@@ -55,12 +54,13 @@ TRACKER_CALLS: dict[str, tuple[str, str, dict[str, Any]]] = {
         {"node": "node-a", "layout": LAYOUT, "chunk_hashes": [H] * 5, "revision": SOURCE, "replaces": SOURCE["id"]},
     ),
     "claim": ("POST", "/v1/origin/claim", {"node": "node-a", "count": 2}),
+    "watch": ("POST", "/v1/watch", {"node": "node-a", "since": 0, "epoch": "e", "chunks": [1, 2], "wait": 0}),
     "report": ("POST", "/v1/report", {"node": "node-a", "peer": "node-b", "chunk": 0}),
 }
 TRACKER_FIELDS = {
-    "node", "url", "session", "chunks", "layout", "load", "counters", "dropped", "verified_digest", "hash_cursor",
-    "epoch", "avail_version", "problem", "revision", "chunk_hashes", "count", "peer", "chunk", "reason", "message",
-    "replaces",
+    "node", "url", "session", "chunks", "layout", "load", "counters", "dropped", "verified_digest", "since",
+    "epoch", "problem", "revision", "chunk_hashes", "count", "peer", "chunk", "reason", "message",
+    "replaces", "wait",
 }  # fmt: skip
 COORDINATOR_CALLS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "join": ("POST", "/v1/join", {"peer_id": "p0", "host": "127.0.0.1", "port": 9000, "wait": 0}),

@@ -29,7 +29,7 @@ def test_first_registered_gets_duty_and_its_hashes_are_accepted() -> None:
     reply = t.heartbeat(node="n0", now=1.0, chunks=[(0, H)])
     assert reply.origin_duty and reply.rejected == []
     assert t.availability()[0] == 1
-    assert t.heartbeat(node="n1", now=1.0).hashes == {0: H}
+    assert t.heartbeat(node="n1", now=1.0).view.hashes == {0: H}
 
 
 def test_hash_claim_from_non_duty_node_is_refused() -> None:
@@ -107,9 +107,12 @@ def test_completion_and_verification_come_from_holdings_and_digest() -> None:
 def test_reregistration_after_restart_restores_hashes_and_holdings() -> None:
     t = tracker.Tracker(epoch="e2", offline_after=10.0)
     t.register(node="n1", url="u", session="s", now=0.0, layout=layout(), chunks={2: H})
+    t.register(node="n2", url="u", session="s", now=0.0, layout=layout())
     assert t.hashes[2] == H and t.availability()[2] == 1
-    reply = t.heartbeat(node="n1", now=0.5, hash_cursor=7, epoch="old")
-    assert reply.hashes == {2: H}  # a new epoch resets the cursor
+    reply = t.heartbeat(node="n2", now=0.5, since=7, epoch="old")
+    assert reply.view.full and reply.view.hashes == {2: H}  # a version of another epoch gets a snapshot
+    assert reply.view.availability == [0, 0, 1, 0]
+    assert t.heartbeat(node="n1", now=0.5, since=7, epoch="old").view.hashes == {}  # it holds the chunk
 
 
 def test_heartbeat_from_unknown_node_asks_to_register() -> None:
@@ -147,7 +150,7 @@ def test_availability_stays_equal_to_a_recount_through_joins_reports_and_purges(
                 t.report(reporter=name, peer=peer, chunk=0, now=now)
         else:
             t.purge(now=now)
-        recount = [sum(1 for n in holders if n not in t.penalised) for holders in t.holders]
+        recount = [sum(1 for n in t.holders_of(i) if n not in t.penalised) for i in range(8)]
         assert t.availability() == recount
 
 
@@ -167,13 +170,13 @@ def test_claims_wait_for_reregistration_after_a_restart_but_not_on_a_fresh_start
 def test_chunks_being_pulled_are_listed_and_streamable_from_their_puller_only() -> None:
     t = swarm(offline_after=10.0)
     assert t.claim_origin(node="n0", count=2, now=1.0) == [0, 1]
-    assert t.heartbeat(node="n1", now=1.1).pulling == [0, 1]
+    assert t.heartbeat(node="n1", now=1.1).view.pulling == [0, 1]
     source = t.stream_source(chunk=0, node="n1", now=1.2)
     assert source is not None and (source.name, source.url) == ("n0", "http://n0")
     assert t.stream_source(chunk=0, node="n0", now=1.2) is None  # never the puller itself
     assert t.stream_source(chunk=2, node="n1", now=1.2) is None  # not being pulled
     t.heartbeat(node="n0", now=2.0, chunks=[(0, H)])  # pulled and held: an ordinary holder now
-    assert t.heartbeat(node="n1", now=2.1).pulling == [1]
+    assert t.heartbeat(node="n1", now=2.1).view.pulling == [1]
     assert t.stream_source(chunk=0, node="n1", now=2.2) is None
     t.report(reporter="n1", peer="n0", chunk=0, now=2.3)
     assert t.stream_source(chunk=1, node="n1", now=2.4) is None  # never offered to its reporter

@@ -56,12 +56,12 @@ def test_a_new_revision_from_the_duty_holder_replaces_the_old_one_and_its_holdin
     assert t.claim_origin(node="n0", count=2, now=1.1) == [0, 1]
     # A node still on the old revision: its announcements are ignored and it learns nothing but the revision.
     stale = t.heartbeat(node="n1", now=1.2, chunks=[(2, None)], revision=old.id, verified_digest=None)
-    assert stale.revision == new.id and stale.hashes == {} and stale.availability is None
+    assert stale.revision == new.id and stale.view == tracker.View(version=-1)  # nothing, not even a version
     assert t.availability()[2] == 0 and t.status(now=1.2)["nodes"]["n1"]["revision"] == old.id
     # It moves over and announces what it reused once the hashes are known.
     t.heartbeat(node="n0", now=1.3, chunks=[(0, H), (1, H)], revision=new.id)
-    moved = t.heartbeat(node="n1", now=1.4, revision=new.id, hash_cursor=0, epoch="e1")
-    assert moved.hashes == {0: H, 1: H}
+    moved = t.heartbeat(node="n1", now=1.4, revision=new.id, since=None, epoch="e1")
+    assert moved.view.full and moved.view.hashes == {0: H, 1: H}
     t.heartbeat(node="n1", now=1.5, chunks=[(0, None)], revision=new.id)
     assert t.availability()[0] == 2
 

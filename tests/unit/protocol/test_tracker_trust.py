@@ -165,7 +165,7 @@ def test_a_dropped_chunk_is_no_longer_listed() -> None:
     assert t.availability()[:3] == [2, 2, 1]
     t.heartbeat(node="b", now=1.2, dropped=[0, 2, 7])  # 2 and 7 it never held: ignored
     assert t.availability()[:3] == [1, 2, 1]
-    assert "b" not in t.holders[0] and t.status(now=1.2)["nodes"]["b"]["chunks"] == 1
+    assert "b" not in t.holders_of(0) and t.status(now=1.2)["nodes"]["b"]["chunks"] == 1
     t.heartbeat(node="b", now=1.3, dropped=[1], chunks=[(1, None, "a")])  # dropped, then fetched again
     assert t.availability()[1] == 2
 
@@ -178,13 +178,13 @@ def test_a_chunk_reported_bad_by_enough_nodes_is_unlisted_and_its_holder_told() 
     for reporter in ("a", "b"):  # ... but its chunk 3 is corrupt at rest
         t.report(reporter=reporter, peer="p", chunk=3, now=2.0)
     t.purge(now=2.0)
-    assert t.penalised == frozenset() and "p" not in t.holders[3]
+    assert t.penalised == frozenset() and "p" not in t.holders_of(3)
     assert t.availability()[3] == 0
     assert t.heartbeat(node="p", now=2.1).suspect == [3]
     assert t.heartbeat(node="p", now=2.2).suspect == [3]  # told until it acts
     assert t.heartbeat(node="p", now=2.3, dropped=[3]).suspect == []
     t.heartbeat(node="p", now=2.4, chunks=[(3, None, "c")])  # repaired from a peer
-    assert "p" in t.holders[3]
+    assert "p" in t.holders_of(3)
     assert t.heartbeat(node="p", now=2.5).suspect == []
 
 
@@ -316,7 +316,7 @@ def test_availability_stays_equal_to_a_recount_through_trust_changes() -> None:
                 t.report(reporter=name, peer=peer, chunk=index, now=now)
         else:
             t.purge(now=now)
-        recount = [sum(1 for n in holders if n not in t.penalised) for holders in t.holders]
+        recount = [sum(1 for n in t.holders_of(i) if n not in t.penalised) for i in range(8)]
         assert t.availability() == recount
         assert all(n in t.duty for n in t.assigned.values())
         assert not set(t.duty) & t.penalised

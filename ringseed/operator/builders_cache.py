@@ -95,31 +95,7 @@ def children(
 
 def rbac(*, body: common.Body) -> list[dict[str, Any]]:
     """The cache master's identity: Leases in its namespace, nothing more."""
-    meta = common.metadata(body=body, suffix=SUFFIX, component=constants.COMPONENT_CACHE, owner_kind=OWNER)
-    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": copy.deepcopy(meta)}
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": copy.deepcopy(meta),
-        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "patch"]}],
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": copy.deepcopy(meta),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": meta["name"]},
-        "subjects": [{"kind": "ServiceAccount", "name": meta["name"], "namespace": meta["namespace"]}],
-    }
-    return [common.with_spec_hash(account), common.with_spec_hash(role), common.with_spec_hash(binding)]
-
-
-def _pod_env() -> list[dict[str, Any]]:
-    return [
-        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-    ]
+    return common.lease_identity(body=body, suffix=SUFFIX, component=constants.COMPONENT_CACHE, owner_kind=OWNER)
 
 
 def master_deployment(
@@ -141,11 +117,7 @@ def master_deployment(
         body=body, owner_kind=OWNER, role="cache", flags=flags, config=config,
         suffix=SUFFIX, component=constants.COMPONENT_CACHE, replicas=2,
     )  # fmt: skip
-    pod = deployment["spec"]["template"]["spec"]
-    pod["serviceAccountName"] = f"{name}-{SUFFIX}"
-    pod["automountServiceAccountToken"] = True  # the Lease is the only thing this identity may touch
-    pod["containers"][0]["env"] = _pod_env()
-    return common.with_spec_hash(deployment)
+    return common.with_lease_identity(deployment, account=f"{name}-{SUFFIX}")
 
 
 def agent_daemonset(
@@ -186,7 +158,7 @@ def agent_daemonset(
     mounts = [{"name": v, "mountPath": p} for v, p in volumes]
     agent = common.ringseed_container(name="cache-agent", config=config, command=command)
     agent.update(
-        env=_pod_env(),
+        env=common.replica_env(),
         ports=[{"name": "peer", "containerPort": constants.CACHE_AGENT_PORT, "protocol": "TCP"}],
         readinessProbe=common.http_probe(port="peer", period=5, failures=3),
         livenessProbe=common.http_probe(port="peer", period=10, failures=6),

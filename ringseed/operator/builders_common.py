@@ -133,13 +133,55 @@ def token_volume(*, body: Body) -> dict[str, Any]:
     }
 
 
-def http_probe(*, port: str, period: int, failures: int) -> dict[str, Any]:
+def http_probe(*, port: str, period: int, failures: int, path: str = "/healthz", timeout: int = 3) -> dict[str, Any]:
     return {
-        "httpGet": {"path": "/healthz", "port": port},
+        "httpGet": {"path": path, "port": port},
         "periodSeconds": period,
-        "timeoutSeconds": 3,
+        "timeoutSeconds": timeout,
         "failureThreshold": failures,
     }
+
+
+def lease_identity(*, body: Body, suffix: str, component: str, owner_kind: str) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding ``<name>-<suffix>`` of a replicated master: it may get,
+    create and patch Leases in its namespace (leader election), nothing else."""
+    meta = metadata(body=body, suffix=suffix, component=component, owner_kind=owner_kind)
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": copy.deepcopy(meta)}
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": copy.deepcopy(meta),
+        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "patch"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": copy.deepcopy(meta),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": meta["name"]},
+        "subjects": [{"kind": "ServiceAccount", "name": meta["name"], "namespace": meta["namespace"]}],
+    }
+    return [with_spec_hash(account), with_spec_hash(role), with_spec_hash(binding)]
+
+
+def replica_env() -> list[dict[str, Any]]:
+    """What a replicated master's container needs: its node, pod IP (its URL), pod name and
+    namespace (its Lease identity)."""
+    return [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+
+
+def with_lease_identity(deployment: dict[str, Any], *, account: str) -> dict[str, Any]:
+    """``deployment``'s pods run as ``account`` (made by :func:`lease_identity`), with its token
+    mounted (Leases are the only thing that identity may touch) and :func:`replica_env`."""
+    pod = deployment["spec"]["template"]["spec"]
+    pod["serviceAccountName"] = account
+    pod["automountServiceAccountToken"] = True
+    pod["containers"][0]["env"] = replica_env()
+    return with_spec_hash(deployment)
 
 
 def ringseed_container(*, name: str, config: config_module.OperatorConfig, command: list[str]) -> dict[str, Any]:

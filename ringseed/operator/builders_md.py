@@ -100,18 +100,49 @@ def model_dir(*, config: config_module.OperatorConfig, namespace: str, name: str
 def children(
     *, body: common.Body, spec: types.ModelDistributionSpec, config: config_module.OperatorConfig
 ) -> list[dict[str, Any]]:
-    """Deployment and Service ``<name>-master`` (tracker) and DaemonSet ``<name>-agent``."""
+    """Deployment and Service ``<name>-master`` (tracker) and DaemonSet ``<name>-agent``; with more
+    than one tracker replica also the masters' Lease identity (see :func:`master_deployment`)."""
     _check(body=body, spec=spec, config=config)
+    identity: list[dict[str, Any]] = []
+    if config.tracker_replicas > 1:
+        identity = common.lease_identity(
+            body=body, suffix="master", component=constants.COMPONENT_MASTER, owner_kind=OWNER
+        )
+    return [
+        *identity,
+        master_deployment(body=body, spec=spec, config=config),
+        common.master_service(body=body, owner_kind=OWNER),
+        agent_daemonset(body=body, spec=spec, config=config),
+    ]
+
+
+def master_deployment(
+    *, body: common.Body, spec: types.ModelDistributionSpec, config: config_module.OperatorConfig
+) -> dict[str, Any]:
+    """Deployment ``<name>-master``: ``config.tracker_replicas`` tracker replicas (2 by default).
+
+    Replicas elect a leader with the Lease ``<name>-master`` (``ringseed master --lease``); the
+    follower takes over within ``--offline-after`` when the leader dies and agents re-register
+    with it (tracker state is soft). ``/readyz`` answers 200 only on the leader, so the Service
+    ``<name>-master`` (which selects every replica) routes to the leader within a second; a
+    follower reached meanwhile answers 503 naming the leader's pod URL, which agents follow."""
     flags = [
         "--offline-after", str(config.offline_after_seconds),
         "--heartbeat-interval", str(config.heartbeat_seconds),
         "--seeders", str(spec.seeders),
     ]  # fmt: skip
-    return [
-        common.master_deployment(body=body, owner_kind=OWNER, role="tracker", flags=flags, config=config),
-        common.master_service(body=body, owner_kind=OWNER),
-        agent_daemonset(body=body, spec=spec, config=config),
-    ]
+    name = common.name_of(body)
+    replicated = config.tracker_replicas > 1
+    if replicated:
+        flags += ["--advertise-url", f"http://$(POD_IP):{constants.MASTER_PORT}", "--lease", f"{name}-master"]
+    deployment = common.master_deployment(
+        body=body, owner_kind=OWNER, role="tracker", flags=flags, config=config, replicas=config.tracker_replicas
+    )
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["readinessProbe"] = common.http_probe(port="http", period=1, failures=1, path="/readyz", timeout=1)
+    if replicated:
+        return common.with_lease_identity(deployment, account=f"{name}-master")
+    return common.with_spec_hash(deployment)
 
 
 def agent_daemonset(

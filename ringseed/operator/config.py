@@ -18,8 +18,11 @@ Environment variables (all optional; the default is in brackets):
 - ``RINGSEED_HEARTBEAT_SECONDS`` [2] and ``RINGSEED_OFFLINE_AFTER_SECONDS`` [10]: masters'
   ``--heartbeat-interval`` and ``--offline-after`` unless a TrainingGroup's ``collective`` sets them.
 - ``RINGSEED_STATUS_INTERVAL_SECONDS`` [5]: how often the operator reads masters' status.
+- ``RINGSEED_TRACKER_REPLICAS`` [2]: replicas of a ModelDistribution's tracker master (a leader
+  and a follower that takes over within ``RINGSEED_OFFLINE_AFTER_SECONDS``; 1: no follower).
 - ``RINGSEED_SERVICE_ACCOUNT`` [empty: the namespace's default]: ServiceAccount of masters and
-  agents; they never call the Kubernetes API, so its token is not mounted either way.
+  agents; they never call the Kubernetes API, so its token is not mounted either way (replicated
+  masters run as their own ``<name>-master``/``<name>-cache`` identity, allowed Leases only).
 - ``RINGSEED_WATCH_NAMESPACES`` [empty: all]: comma-separated namespaces the operator watches.
 - ``RINGSEED_POD_MONITOR`` [``false``]: ``true`` makes a Prometheus Operator PodMonitor
   ``<name>-metrics`` per resource (its masters' and agents' ``/metrics``, with its token).
@@ -66,6 +69,7 @@ class OperatorConfig:
     heartbeat_seconds: int = 2
     offline_after_seconds: int = 10
     status_interval_seconds: float = 5.0
+    tracker_replicas: int = 2
     service_account: str = ""
     watch_namespaces: tuple[str, ...] = ()
     pod_monitor: bool = False
@@ -162,6 +166,7 @@ _VARIABLES: dict[str, tuple[str, Any]] = {
     "RINGSEED_HEARTBEAT_SECONDS": ("heartbeat_seconds", _positive_int),
     "RINGSEED_OFFLINE_AFTER_SECONDS": ("offline_after_seconds", _positive_int),
     "RINGSEED_STATUS_INTERVAL_SECONDS": ("status_interval_seconds", _positive_float),
+    "RINGSEED_TRACKER_REPLICAS": ("tracker_replicas", _positive_int),
     "RINGSEED_SERVICE_ACCOUNT": ("service_account", str),
     "RINGSEED_WATCH_NAMESPACES": ("watch_namespaces", _names),
     "RINGSEED_POD_MONITOR": ("pod_monitor", _flag),

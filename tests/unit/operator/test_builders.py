@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import base64
 import copy
+import dataclasses
 import importlib
 import re
 import subprocess
@@ -113,74 +114,88 @@ def test_tracker_master_deployment_is_exactly_as_specified() -> None:
         "ringseed.io/owner-kind": "ModelDistribution",
     }
     probe = {"httpGet": {"path": "/healthz", "port": "http"}, "timeoutSeconds": 3}
-    assert without_hash(deployment) == {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {
-            "name": "llama-master",
-            "namespace": "ml",
-            "labels": labels,
-            "ownerReferences": [OWNER_MD],
-            "annotations": {},
-        },
-        "spec": {
-            "replicas": 1,
-            "revisionHistoryLimit": 3,
-            "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": {k: labels[k] for k in list(labels)[:3]}},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "securityContext": {"fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [
-                        {
-                            "name": "master",
-                            "image": "reg.example/ringseed:1.2",
-                            "imagePullPolicy": "IfNotPresent",
-                            "command": [
-                                "ringseed",
-                                "master",
-                                "--role",
-                                "tracker",
-                                "--port",
-                                "8470",
-                                "--token-file",
-                                "/etc/ringseed/token",
-                                "--offline-after",
-                                "10",
-                                "--heartbeat-interval",
-                                "2",
-                                "--seeders",
-                                "3",
-                            ],
-                            "securityContext": HARDENED,
-                            "ports": [{"name": "http", "containerPort": 8470, "protocol": "TCP"}],
-                            "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
-                            "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 6},
-                            "resources": CFG.master_resources,
-                            "volumeMounts": [
-                                {"name": "token", "mountPath": "/etc/ringseed", "readOnly": True},
-                                {"name": "tmp", "mountPath": "/tmp"},
-                            ],
-                        }
-                    ],
-                    "volumes": [
-                        {
-                            "name": "token",
-                            "secret": {
-                                "secretName": "llama-token",
-                                "defaultMode": 0o440,
-                                "items": [{"key": "token", "path": "token"}],
+    leader = {"httpGet": {"path": "/readyz", "port": "http"}, "timeoutSeconds": 1}  # 200 on the leader only
+    field = {"NODE_NAME": "spec.nodeName", "POD_IP": "status.podIP", "POD_NAME": "metadata.name"}
+    field["POD_NAMESPACE"] = "metadata.namespace"
+    assert (
+        without_hash(deployment)
+        == {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {
+                "name": "llama-master",
+                "namespace": "ml",
+                "labels": labels,
+                "ownerReferences": [OWNER_MD],
+                "annotations": {},
+            },
+            "spec": {
+                "replicas": 2,  # a leader and a follower
+                "revisionHistoryLimit": 3,
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": {k: labels[k] for k in list(labels)[:3]}},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": "llama-master",  # may use Leases, nothing else
+                        "automountServiceAccountToken": True,
+                        "enableServiceLinks": False,
+                        "securityContext": {"fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+                        "containers": [
+                            {
+                                "name": "master",
+                                "image": "reg.example/ringseed:1.2",
+                                "imagePullPolicy": "IfNotPresent",
+                                "command": [
+                                    "ringseed",
+                                    "master",
+                                    "--role",
+                                    "tracker",
+                                    "--port",
+                                    "8470",
+                                    "--token-file",
+                                    "/etc/ringseed/token",
+                                    "--offline-after",
+                                    "10",
+                                    "--heartbeat-interval",
+                                    "2",
+                                    "--seeders",
+                                    "3",
+                                    "--advertise-url",
+                                    "http://$(POD_IP):8470",
+                                    "--lease",
+                                    "llama-master",
+                                ],
+                                "securityContext": HARDENED,
+                                "ports": [{"name": "http", "containerPort": 8470, "protocol": "TCP"}],
+                                "readinessProbe": {**leader, "periodSeconds": 1, "failureThreshold": 1},
+                                "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 6},
+                                "env": [
+                                    {"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in field.items()
+                                ],
+                                "resources": CFG.master_resources,
+                                "volumeMounts": [
+                                    {"name": "token", "mountPath": "/etc/ringseed", "readOnly": True},
+                                    {"name": "tmp", "mountPath": "/tmp"},
+                                ],
+                            }
+                        ],
+                        "volumes": [
+                            {
+                                "name": "token",
+                                "secret": {
+                                    "secretName": "llama-token",
+                                    "defaultMode": 0o440,
+                                    "items": [{"key": "token", "path": "token"}],
+                                },
                             },
-                        },
-                        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
-                    ],
+                            {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+                        ],
+                    },
                 },
             },
-        },
-    }
+        }
+    )
 
 
 def test_master_service_selects_the_master_pods_on_8470() -> None:
@@ -307,8 +322,8 @@ def test_children_carry_owner_labels_and_a_hash_that_follows_the_spec() -> None:
         assert old["metadata"]["labels"]["ringseed.io/owner-kind"] == "ModelDistribution"
         assert re.fullmatch(r"[0-9a-f]{64}", old["metadata"]["annotations"][builders.SPEC_HASH_ANNOTATION])
     hashes = [[o["metadata"]["annotations"][builders.SPEC_HASH_ANNOTATION] for o in objs] for objs in (first, changed)]
-    # seeders reaches only the tracker's command line
-    assert [a == b for a, b in zip(*hashes, strict=True)] == [False, True, True]
+    # seeders reaches only the tracker's command line (after its ServiceAccount, Role, RoleBinding)
+    assert [a == b for a, b in zip(*hashes, strict=True)] == [True, True, True, False, True, True]
 
 
 def test_token_secret_holds_the_token_and_is_owned() -> None:
@@ -461,3 +476,17 @@ def test_built_command_lines_parse_with_the_real_commands(module: str) -> None:
         )
         assert args.port in (8470, 8471)
         assert args.token_file == "/etc/ringseed/token"
+
+
+def test_tracker_masters_may_use_leases_and_nothing_else_and_one_replica_needs_none() -> None:
+    kinds = by_kind(builders.md_children(body=MD_BODY, spec=md(), config=CFG))
+    assert kinds["Role"]["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "patch"]}
+    ]
+    assert kinds["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "llama-master", "namespace": "ml"}]
+    assert kinds["ServiceAccount"]["metadata"]["name"] == "llama-master"
+    single = by_kind(builders.md_children(body=MD_BODY, spec=md(), config=dataclasses.replace(CFG, tracker_replicas=1)))
+    assert set(single) == {"Deployment", "Service", "DaemonSet"}
+    pod = single["Deployment"]["spec"]["template"]["spec"]
+    assert single["Deployment"]["spec"]["replicas"] == 1 and pod["automountServiceAccountToken"] is False
+    assert "--lease" not in pod["containers"][0]["command"]

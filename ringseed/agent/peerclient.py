@@ -111,10 +111,16 @@ class PeerClient:
         deadline: float | None = None,
     ) -> Reply:
         """``GET {url}/v1/chunks/{index}?{query}`` into ``into``; see the module rules."""
+        path = f"/v1/chunks/{index}" + (f"?{urlencode(query)}" if query else "")
+        return await self.fetch(url, path, into=into, read_timeout=read_timeout, deadline=deadline)
+
+    async def fetch(
+        self, url: str, path: str, *, into: memoryview, read_timeout: float = 30.0, deadline: float | None = None
+    ) -> Reply:
+        """``GET {url}{path}`` into ``into`` (any chunk-serving endpoint: the cache's peer API too)."""
         parts = urlsplit(url)
         if parts.hostname is None or parts.port is None:
             return Reply(status=0, error=f"peer URL {url!r} has no host:port")
-        path = f"/v1/chunks/{index}" + (f"?{urlencode(query)}" if query else "")
         call = _Call()
         job = (call, parts.hostname, parts.port, path, into, read_timeout, deadline)
         try:

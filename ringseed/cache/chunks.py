@@ -259,15 +259,17 @@ class ChunkStore:
         *,
         sha: str,
         length: int,
-        fill: Callable[[int], Awaitable[None]],
+        fill: Callable[[int], Awaitable[str | None]],
         deadline: float,
         tiers_: tuple[tiers.Tier, ...] = (MEMORY, SSD),
         data: bool = False,
     ) -> None:
         """Make chunk ``sha`` local: reserve room, let ``fill(fd)`` write ``length`` bytes, verify, keep.
 
-        ``fill`` writes the bytes to the file descriptor (any order, ``os.pwrite``); a hash
-        mismatch raises :class:`CorruptChunk` and nothing is kept. ``data``: a dataset chunk.
+        ``fill`` writes the bytes to the file descriptor (any order, ``os.pwrite``, or a mapping
+        of it) and returns their SHA-256 if it hashed them as they came (the file then has
+        ``length`` bytes), else None (the file is hashed here); a hash mismatch raises
+        :class:`CorruptChunk` and nothing is kept. ``data``: a dataset chunk.
         """
         if self.has(sha):
             return
@@ -276,10 +278,10 @@ class ChunkStore:
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                await fill(fd)
+                digest = await fill(fd)
             finally:
                 os.close(fd)
-            got = await asyncio.to_thread(_truncate_and_hash, tmp, length)
+            got = digest if digest is not None else await asyncio.to_thread(_truncate_and_hash, tmp, length)
             if got != sha:
                 raise CorruptChunk(f"chunk {sha[:12]}: received bytes hash to {got[:12]}")
         except BaseException:

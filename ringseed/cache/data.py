@@ -213,10 +213,8 @@ class Dataset:
         length = state.revision.layout.chunk_length(index)
         for name, url in holders:
 
-            async def fill(fd: int, url: str = url) -> None:
-                await peers.fetch_into(
-                    self.agent.http, url=url, token=self.agent.config.token, sha=sha, length=length, fd=fd
-                )
+            async def fill(fd: int, url: str = url) -> str:
+                return await peers.fetch_into(self.agent.peer_client, url=url, sha=sha, length=length, fd=fd)
 
             try:
                 await self.agent.store.receive(sha=sha, length=length, fill=fill, deadline=self._deadline(), data=True)

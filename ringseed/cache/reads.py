@@ -124,10 +124,8 @@ class Reads:
             if name == self.agent.config.node_name:
                 continue
 
-            async def fill(fd: int, url: str = url) -> None:
-                await peers.fetch_into(
-                    self.agent.http, url=url, token=self.agent.config.token, sha=sha, length=length, fd=fd
-                )
+            async def fill(fd: int, url: str = url) -> str:
+                return await peers.fetch_into(self.agent.peer_client, url=url, sha=sha, length=length, fd=fd)
 
             try:
                 await self._receive(sha, length, fill)

@@ -34,6 +34,7 @@ import aiohttp
 from aiohttp import web as aioweb
 
 from ringseed import web
+from ringseed.agent import peerclient
 from ringseed.cache import chunks, data, local_api, master_client, peers, persist, reads, sink, writes
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class CacheAgent:
             self.sink = sink.open_sink(config.sink, rate_limit=config.persist_rate_limit, secret_env=config.secret_env)
         self.writes = writes.Writes(self)
         self.reads = reads.Reads(self)
+        self.peer_client = peerclient.PeerClient(token=config.token, threads=config.fetch_slots)
         self.persister = persist.Persister(self)
         self.copies = reads.Copies(self)
         self.datasets = data.Datasets(self, config.data_sources)
@@ -120,6 +122,7 @@ class CacheAgent:
             if self.sink is not None:
                 await self.sink.close()
             await self.datasets.close()
+            self.peer_client.close()
 
     async def _work(self, stop: asyncio.Event) -> None:
         await self._register_until_done(stop)

@@ -34,7 +34,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ringseed.agent import chunks, origins, problems, revisions, stream, tracker_client
-from ringseed.protocol import backoff, manifest
+from ringseed.protocol import backoff
 
 if TYPE_CHECKING:
     from ringseed.agent.agent import Agent
@@ -278,7 +278,7 @@ async def pull(agent: Agent, index: int, *, reads: _Reads | None = None) -> None
         seconds = max(time.monotonic() - started, 1e-9)
         log.info("Chunk %d pulled from the origin in %.2f s (%.1f MiB/s)", index, seconds, len(data) / seconds / 2**20)
         agent.fetched_bytes += len(data)
-        digest = await asyncio.to_thread(manifest.chunk_sha256, memoryview(data))
+        digest = await inflight.digest()  # hashed as it landed (stream.FillHash)
         known = agent.hashes.get(index)
         if known is not None and known != digest and generation == agent.generation:
             inflight.fail()

@@ -22,6 +22,15 @@ Rules:
 - ``bytes_read`` counts file data actually received by range reads (partial attempts included;
   listings and HEADs are not counted). ``retries`` counts retried attempts. Data passes the
   origin's rate limiter as it arrives.
+- The body of a ``206`` over plain HTTP (no TLS, no rate limit) is received by a worker thread
+  straight into the caller's buffer (``recv_into`` with ``MSG_WAITALL``, a few MiB per system
+  call) instead of through aiohttp's stream reader (a ``bytes`` object per 256 KiB read, a copy
+  of each into the buffer and a few Python calls per piece): what aiohttp already buffered is
+  taken first, then its transport stops reading and the thread reads a duplicate of the socket.
+  Such a connection is closed afterwards, never reused (aiohttp did not see the body end).
+  Faults keep their meaning: a reset, a timeout (``read_timeout`` without a byte) or a body
+  that ends early is transient and resumes from the last byte received; cancelling the read
+  shuts the socket down, so the thread returns at once (it refers to the buffer until then).
 - A server that ignores ``Range`` (``200`` and the whole object, as Python's ``http.server``
   does) switches the client to whole-object streaming for good (``ranges_ignored``): one plain
   GET per file, read in order and kept open between reads, so reads in file order (as chunk
@@ -35,8 +44,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
+import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import aiohttp
@@ -49,6 +62,8 @@ Signer = Callable[[str, str, dict[str, str]], Awaitable[dict[str, str]]]
 T = TypeVar("T")
 
 _STEP = 256 << 10
+_PIECE = 2 << 20  # bytes per recv_into of a body read straight into the buffer
+_READER_THREADS = 16  # bodies read by worker threads at once per client (more wait their turn)
 _READ_BUFFER = 1 << 20  # a response buffers up to twice this before reading pauses (aiohttp: 64 KiB)
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _TRANSIENT_EXC = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError, ConnectionError)
@@ -190,6 +205,9 @@ class HTTPClient:
         self.ranges_ignored = False  # the server answered a Range request with the whole object
         self._cursors: dict[str, _Cursor] = {}
         self._cursor_locks: dict[str, asyncio.Lock] = {}
+        self._read_timeout = read_timeout
+        self._readers: ThreadPoolExecutor | None = None  # body readers (plain HTTP, see the rules)
+        self.direct_reads = 0  # range bodies read by a worker thread
 
     async def _send(
         self, method: str, url: str, headers: dict[str, str] | None = None, data: Any = None
@@ -348,6 +366,16 @@ class HTTPClient:
                     raise _RangeIgnored()
                 elif _longer_than(resp, end - first):
                     self.ranges_ignored = True  # this read is fine (it starts at 0); later ones stream
+                if resp.status == 206 and self._direct_socket(url, resp) is not None:
+                    before = done
+                    try:
+                        done = await self._read_direct(resp, view, done=done, progress=progress)
+                    finally:
+                        resp.close()  # aiohttp did not see the body end: the connection is not reused
+                    self.direct_reads += 1
+                    if done - before < end - first:
+                        raise base.TransientError(f"{url}: body ended after {done - before} of {end - first} bytes")
+                    return done
                 async for data, _ in resp.content.iter_chunks():  # as received: no joining copies
                     take = min(len(data), len(view) - done)
                     view[done : done + take] = memoryview(data)[:take]
@@ -361,6 +389,64 @@ class HTTPClient:
         except (base.TransientError, *_TRANSIENT_EXC) as exc:
             raise _RangeBroken(exc, done=done) from exc
         return done
+
+    def _direct_socket(self, url: str, resp: aiohttp.ClientResponse) -> Any:
+        """The plain TCP socket under ``resp`` (asyncio's ``TransportSocket``), when its body may be
+        read by a worker thread; else None."""
+        if self._limiter.rate is not None or resp.content_length is None or not url.startswith("http://"):
+            return None
+        transport = resp.connection.transport if resp.connection is not None else None
+        if transport is None or transport.is_closing() or transport.get_extra_info("sslcontext") is not None:
+            return None
+        raw = transport.get_extra_info("socket")
+        return raw if raw is not None and getattr(raw, "type", None) == socket.SOCK_STREAM else None
+
+    async def _read_direct(
+        self, resp: aiohttp.ClientResponse, view: memoryview, *, done: int, progress: Callable[[int], None] | None
+    ) -> int:
+        """Read the rest of ``resp``'s body into ``view[done:]`` (see the module rules); the new ``done``.
+
+        Stops early (fewer bytes) when the body ends, resets or stalls; the caller decides."""
+        assert resp.connection is not None and resp.connection.transport is not None and resp.content_length
+        transport = resp.connection.transport
+        raw = transport.get_extra_info("socket")
+        left = min(resp.content_length, len(view) - done)
+        start = done
+        while left > 0:  # what aiohttp has read already (no await: nothing more arrives meanwhile)
+            data = resp.content.read_nowait(left)
+            if not data:
+                break
+            view[done : done + len(data)] = data
+            done += len(data)
+            left -= len(data)
+        transport.pause_reading()
+        self.bytes_read += done - start
+        if progress is not None and done > start:
+            progress(done)
+        if left == 0 or resp.content.at_eof():
+            return done
+        loop = asyncio.get_running_loop()
+
+        def landed(filled: int) -> None:  # from the thread, in order
+            if progress is not None:
+                loop.call_soon_threadsafe(progress, filled)
+
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(_READER_THREADS, thread_name_prefix="origin-read")
+        sock = socket.socket(fileno=os.dup(raw.fileno()))
+        job = loop.run_in_executor(
+            self._readers, _receive, sock, view[done : done + left], self._read_timeout, done, landed
+        )
+        try:
+            got = await asyncio.shield(job)
+        except asyncio.CancelledError:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # the thread's receive ends now; it closes its socket
+            raise
+        self.bytes_read += got
+        if progress is not None and got:
+            progress(done + got)
+        return done + got
 
     async def _stream_into(
         self,
@@ -459,3 +545,34 @@ class HTTPClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._readers is not None:
+            self._readers.shutdown(wait=False, cancel_futures=True)
+            self._readers = None
+
+
+def _receive(
+    sock: socket.socket, view: memoryview, timeout: float, base_done: int, landed: Callable[[int], None]
+) -> int:
+    """Worker thread: fill ``view`` from ``sock`` (a duplicate this call owns and closes); bytes
+    received, fewer when the peer ends, resets or sends nothing for ``timeout`` seconds."""
+    with sock:
+        sock.setblocking(True)  # the duplicate shares the file's flags: restored below
+        seconds = int(timeout)
+        wait = struct.pack("ll", seconds, int((timeout - seconds) * 1e6))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, wait)
+        filled = 0
+        try:
+            while filled < len(view):
+                end = min(len(view), filled + _PIECE)
+                try:
+                    got = sock.recv_into(view[filled:end], end - filled, socket.MSG_WAITALL)
+                except OSError:  # reset, shut down, or nothing for ``timeout`` (EAGAIN)
+                    break
+                if got == 0:
+                    break
+                filled += got
+                landed(base_done + filled)
+        finally:
+            with contextlib.suppress(OSError):
+                sock.setblocking(False)
+        return filled

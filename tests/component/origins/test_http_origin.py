@@ -256,3 +256,46 @@ async def test_a_server_without_range_gives_a_clear_error_when_the_file_is_short
                 await origin.read("a.bin", MI, 2 * MI)
         finally:
             await origin.close()
+
+
+@pytest.mark.parametrize(
+    "faults", [[], [Fault.RESET, Fault.TRUNCATE], [Fault.STALL]], ids=["clean", "reset+truncate", "stall"]
+)
+async def test_a_large_range_body_is_read_by_a_thread_into_the_buffer_and_resumes_after_faults(
+    http_root: Path, faults: list[Fault]
+) -> None:
+    data = _blob(7, 24 * MI)  # far more than aiohttp buffers before the thread takes over
+    servers.write_tree(http_root, {"big.bin": data})
+    async with servers.FlakyHTTPOrigin(http_root, faults=faults, stall_seconds=30) as srv:
+        origin = origins.open_origin(srv.url, read_timeout=0.5, retry_base_delay=0.001, retry_max_delay=0.01)
+        view = memoryview(bytearray(len(data)))
+        reported: list[int] = []
+        try:
+            await origin.read_into("big.bin", 0, view, progress=reported.append)  # type: ignore[attr-defined]
+        finally:
+            await origin.close()
+    assert hashlib.sha256(view).hexdigest() == hashlib.sha256(data).hexdigest()
+    assert origin.direct_reads == len(faults) + 1  # type: ignore[attr-defined]
+    assert origin.retries == len(faults)  # type: ignore[attr-defined]
+    assert origin.bytes_read == len(data)  # resumed where each body broke
+    assert reported == sorted(reported) and reported[-1] == len(data) and len(reported) > 2
+
+
+async def test_cancelling_a_threaded_body_read_ends_it_and_keeps_the_client_usable(http_root: Path) -> None:
+    data = _blob(8, 24 * MI)
+    servers.write_tree(http_root, {"big.bin": data})
+    async with servers.FlakyHTTPOrigin(http_root, faults=[Fault.STALL], stall_seconds=30) as srv:
+        origin = origins.open_origin(srv.url, read_timeout=20, retry_base_delay=0.001)
+        try:
+            view = memoryview(bytearray(len(data)))
+            started = asyncio.Event()
+            read = asyncio.ensure_future(
+                origin.read_into("big.bin", 0, view, progress=lambda _: started.set())  # type: ignore[attr-defined]
+            )
+            await started.wait()  # the first half arrived; the server stalls on the rest
+            read.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await read
+            assert await origin.read("big.bin", MI, 3 * MI) == data[MI : 4 * MI]
+        finally:
+            await origin.close()

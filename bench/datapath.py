@@ -502,11 +502,14 @@ def torrent_swarm(
 # -- tables ---------------------------------------------------------------------------------------
 
 
-def role_totals(procs: list[Proc], role: str) -> dict[str, float]:
+def role_totals(procs: list[Proc], role: str, *, idle_cpu: float = 0.0) -> dict[str, float]:
+    """Bytes and CPU of the processes in ``role``; ``idle_cpu``: the CPU-seconds they would have
+    used moving nothing over the same time (left out of ``ns_per_byte_less_idle``)."""
     chosen = [p for p in procs if p.role == role]
     moved = sum(p.sent + p.received for p in chosen)
     user, system = sum(p.user for p in chosen), sum(p.system for p in chosen)
     cpu = user + system
+    net = max(0.0, cpu - len(chosen) * idle_cpu)
     return {
         "bytes": moved,
         "sent": sum(p.sent for p in chosen),
@@ -516,19 +519,24 @@ def role_totals(procs: list[Proc], role: str) -> dict[str, float]:
         "refused": sum(p.refused for p in chosen),
         "gb_per_cpu_s": moved / cpu / GB if cpu > 0 else float("inf"),
         "ns_per_byte": cpu / moved * 1e9 if moved else float("nan"),
+        "ns_per_byte_less_idle": net / moved * 1e9 if moved else float("nan"),
     }
 
 
 HEADER = (
     f"{'scenario':<14} {'method':<13} {'role':<9} {'GB moved':>9} {'user s':>7} {'sys s':>7} "
-    f"{'GB/CPU-s':>9} {'ns/B':>6} {'wall GB/s':>9} {'429s':>5}"
+    f"{'GB/CPU-s':>9} {'ns/B':>6} {'-idle':>6} {'wall GB/s':>9} {'429s':>5}"
 )
 
 
-def print_rows(scenario: str, method: str, result: dict[str, Any], *, size: int) -> list[dict[str, Any]]:
+def print_rows(
+    scenario: str, method: str, result: dict[str, Any], *, size: int, idle: float | None = None
+) -> list[dict[str, Any]]:
+    """Print and return one row per role; ``idle``: an idle agent's CPU-seconds per second, for
+    the ``-idle`` column (ns/B less what each process would have used moving nothing)."""
     rows = []
     for role in ("sender", "receiver"):
-        totals = role_totals(result["procs"], role)
+        totals = role_totals(result["procs"], role, idle_cpu=(idle or 0.0) * result["seconds"])
         if not totals["bytes"]:
             continue
         wall = (size * result.get("copies", 1)) / result["seconds"] / GB
@@ -536,7 +544,8 @@ def print_rows(scenario: str, method: str, result: dict[str, Any], *, size: int)
         rows.append(row)
         print(
             f"{scenario:<14} {method:<13} {role:<9} {totals['bytes'] / GB:>9.2f} {totals['user']:>7.2f} "
-            f"{totals['system']:>7.2f} {totals['gb_per_cpu_s']:>9.2f} {totals['ns_per_byte']:>6.2f} {wall:>9.2f} "
+            f"{totals['system']:>7.2f} {totals['gb_per_cpu_s']:>9.2f} {totals['ns_per_byte']:>6.2f} "
+            f"{format(totals['ns_per_byte_less_idle'], '6.2f') if idle is not None else '-':>6} {wall:>9.2f} "
             f"{totals['refused'] if method == 'ringseed' else '-':>5}",
             flush=True,
         )
@@ -588,20 +597,21 @@ def run_all(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     print(HEADER)
     methods = args.methods.split(",")
     staged = None
+    idle: float | None = None
     if "ringseed" in methods:
         pulled, served, staged = ringseed_origin(
             work=work / "origin", source=source, chunk=chunk, memory=memory, expected=expected, profile=args.profile
         )
-        rows += print_rows("origin file://", "ringseed", pulled, size=size)
         idle = pulled["idle_cpu_per_s"]
+        rows += print_rows("origin file://", "ringseed", pulled, size=size, idle=idle)
         rows.append({"scenario": "idle agent", "cpu_per_s": idle})
         print(f"  (an idle agent, complete and heartbeating, uses {idle * 1e3:.1f} ms of CPU per second)", flush=True)
-        rows += print_rows("1 to 1, memory", "ringseed", served, size=size)
+        rows += print_rows("1 to 1, memory", "ringseed", served, size=size, idle=idle)
         if not args.profile:
             over_http = ringseed_http_origin(
                 work=work / "origin-http", source=source, chunk=chunk, memory=memory, expected=expected
             )
-            rows += print_rows("origin http://", "ringseed", over_http, size=size)
+            rows += print_rows("origin http://", "ringseed", over_http, size=size, idle=idle)
             shutil.rmtree(work / "origin-http", ignore_errors=True)
     shapes = [(1, k) for k in args.receivers] + [(h, 1) for h in args.holders if h != 1 or 1 not in args.receivers]
     torrent = None
@@ -618,7 +628,7 @@ def run_all(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                                     receivers=receivers, chunk=chunk, memory=memory, source=source.as_uri(),
                                     expected=expected, profile=args.profile)  # fmt: skip
             result["copies"] = receivers
-            rows += print_rows(scenario, "ringseed", result, size=size)
+            rows += print_rows(scenario, "ringseed", result, size=size, idle=idle)
             shutil.rmtree(work / f"rs-{holders}-{receivers}", ignore_errors=True)
         if torrent is not None:
             lt_work = work / f"lt-{holders}-{receivers}"
@@ -629,7 +639,36 @@ def run_all(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
             result["copies"] = receivers
             rows += print_rows(scenario, f"libtorrent/{args.torrent}", result, size=size)
             shutil.rmtree(lt_work, ignore_errors=True)
+    print_summary(rows)
     return rows
+
+
+TARGET_NS = {"receiver": 1.0, "sender": 0.25}  # issue 16: >= 1 and >= 4 GB per CPU-second
+
+
+def print_summary(rows: list[dict[str, Any]]) -> None:
+    """Per role: ringseed's range of ns/B against the target (and the ideal receiver), and
+    libtorrent's ns/B over ringseed's in each shape both ran."""
+    moved = [r for r in rows if "role" in r]
+    limits = next((r for r in rows if r.get("scenario") == "limits"), None)
+    for role, target in TARGET_NS.items():
+        ours = [r for r in moved if r["method"] == "ringseed" and r["role"] == role]
+        if not ours:
+            continue
+        low, high = min(r["ns_per_byte"] for r in ours), max(r["ns_per_byte"] for r in ours)
+        line = f"{role}: ringseed {low:.2f}-{high:.2f} ns/B (target <= {target:g})"
+        if role == "receiver" and limits is not None:
+            ideal = GB / limits["ideal_receiver"]
+            line += f", {low / ideal:.2f}-{high / ideal:.2f}x the ideal receiver ({ideal:.2f})"
+        ratios = []
+        for r in ours:
+            theirs = [t for t in moved if t["method"].startswith("libtorrent") and t["role"] == role
+                      and t["scenario"] == r["scenario"]]  # fmt: skip
+            if theirs:
+                ratios.append(theirs[0]["ns_per_byte"] / r["ns_per_byte"])
+        if ratios:
+            line += f"; libtorrent spends {min(ratios):.1f}-{max(ratios):.1f}x ringseed's CPU per byte"
+        print(line, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

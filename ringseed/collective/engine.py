@@ -4,10 +4,13 @@ What this module owns
 - A listener for ring and probe connections, and ``connections_per_peer`` outgoing TCP
   connections to the ring successor plus as many incoming from the predecessor, all proven
   by the group token and stamped with the ring ``epoch`` (see ``protocol/frames.py``).
-- An op queue: collectives run one at a time, in the order they were submitted, on a
-  dedicated thread; ``*_async`` methods return a ``concurrent.futures.Future`` so several
-  operations can be in flight. Every frame carries the op's ``tag``, so peers that submit
-  operations in a different order fail loudly instead of mixing data.
+- An op queue (``sequencer.py``): collectives run one at a time, in the order they were
+  submitted, on a dedicated thread; ``*_async`` methods return a ``concurrent.futures.Future``
+  so several operations can be in flight. The blocking methods, and ``*_async(run_here=True)``
+  for a caller that waits at once, run the operation on the caller's thread instead, without
+  waking the engine's thread (no hand-off on a small message's critical path). Every frame
+  carries the op's ``tag``, so peers that submit operations in a different order fail loudly
+  instead of mixing data.
 
 Numerics (see ``ops.py``): every peer ends bit-identical; integer SUM/PROD wrap; AVG is for
 floating dtypes; quantised transfer (``"int8"``, ``"fp16"``, ``"bf16"``) only for floating dtypes.
@@ -177,10 +180,13 @@ class RingEngine:
             self._listener.close()
         with self._lock:
             inflight = list(self._inflight)
+        deadline = time.monotonic() + CLOSE_WAIT
         if self._ops is not None:
             self._ops.shutdown()
         _, stuck = concurrent.futures.wait(inflight, timeout=CLOSE_WAIT)
-        if stuck:
+        # an operation run inline (all_reduce_here) has no future: wait for the sequencer instead
+        unwound = self._ops is None or self._ops.wait_idle(max(0.0, deadline - time.monotonic()))
+        if stuck or not unwound:
             log.warning("Closed %s with an operation still running (stuck in a reducer?)", self.peer_id)
         with self._lock:
             self._drop_links()
@@ -203,7 +209,40 @@ class RingEngine:
         reducer: runner.Reducer | None = None,
     ) -> None:
         """In place on a 1-D C-contiguous array; every peer ends bit-identical."""
-        self.all_reduce_async(array, op=op, tag=tag, quantize=quantize, bfloat16=bfloat16, reducer=reducer).result()
+        if quantize is None and self.all_reduce_here(array, op=op, tag=tag, bfloat16=bfloat16):
+            return
+        self.all_reduce_async(
+            array, op=op, tag=tag, quantize=quantize, bfloat16=bfloat16, reducer=reducer, run_here=True
+        ).result()
+
+    def all_reduce_here(self, array: np.ndarray, *, op: ops.ReduceOp, tag: int, bfloat16: bool = False) -> bool:
+        """A small all-reduce for a caller that waits: when ``array`` is at most ``small.SMALL_BYTES``
+        and nothing is queued or running, it runs now on this thread (no future, no hand-off) and
+        True is returned; otherwise False and nothing was done (use the other methods). Raises
+        like :meth:`all_reduce`. The reduction runs on the host (numpy) whatever the caller's reducer."""
+        dtype = _check_array(array, bfloat16=bfloat16)
+        ops.check_op(op, dtype)
+        if array.nbytes > small.SMALL_BYTES or self._ops is None:
+            return False
+        return self._ops.run_inline(lambda: self._small_all_reduce(array, dtype=dtype, op=op, tag=tag))
+
+    def _small_all_reduce(self, array: np.ndarray, *, dtype: frames.DType, op: ops.ReduceOp, tag: int) -> None:
+        rank, world, links, _ = self._ring_now()
+        if links is not None and world > 1:
+            self._guarded(
+                lambda: small.all_reduce(
+                    array,
+                    out=links[0],
+                    inp=links[1],
+                    rank=rank,
+                    world=world,
+                    op=op,
+                    dtype=dtype,
+                    tag=tag,
+                    io_timeout=self._io_timeout,
+                ),
+                tag=tag,
+            )
 
     def all_reduce_async(
         self,
@@ -214,7 +253,10 @@ class RingEngine:
         quantize: str | None = None,
         bfloat16: bool = False,
         reducer: runner.Reducer | None = None,
+        run_here: bool = False,
     ) -> concurrent.futures.Future[None]:
+        """``run_here``: the caller waits at once, so the operation runs on its thread now
+        (after whatever is queued ahead of it), with no hand-off to the engine's thread."""
         dtype = _check_array(array, bfloat16=bfloat16)
         ops.check_op(op, dtype)
         if quantize is not None:
@@ -246,15 +288,23 @@ class RingEngine:
             quantize=quantize,
             reducer=reducer,
             inline=inline if quantize is None else None,
+            run_here=run_here,
         )
 
     def reduce_scatter(
         self, array: np.ndarray, out: np.ndarray, *, op: ops.ReduceOp, tag: int, bfloat16: bool = False
     ) -> None:
-        self.reduce_scatter_async(array, out, op=op, tag=tag, bfloat16=bfloat16).result()
+        self.reduce_scatter_async(array, out, op=op, tag=tag, bfloat16=bfloat16, run_here=True).result()
 
     def reduce_scatter_async(
-        self, array: np.ndarray, out: np.ndarray, *, op: ops.ReduceOp, tag: int, bfloat16: bool = False
+        self,
+        array: np.ndarray,
+        out: np.ndarray,
+        *,
+        op: ops.ReduceOp,
+        tag: int,
+        bfloat16: bool = False,
+        run_here: bool = False,
     ) -> concurrent.futures.Future[None]:
         """``array`` (world * n elements) is reduced and block ``rank`` lands in ``out`` (n elements).
 
@@ -272,13 +322,23 @@ class RingEngine:
         def copy_out(rank: int) -> None:
             out[...] = array[rank * block : (rank + 1) * block]
 
-        return self._submit(plan, array=array, dtype=dtype, op=op, tag=tag, quantize=None, reducer=None, after=copy_out)
+        return self._submit(
+            plan,
+            array=array,
+            dtype=dtype,
+            op=op,
+            tag=tag,
+            quantize=None,
+            reducer=None,
+            after=copy_out,
+            run_here=run_here,
+        )
 
     def broadcast(self, array: np.ndarray, *, root: int, tag: int, bfloat16: bool = False) -> None:
-        self.broadcast_async(array, root=root, tag=tag, bfloat16=bfloat16).result()
+        self.broadcast_async(array, root=root, tag=tag, bfloat16=bfloat16, run_here=True).result()
 
     def broadcast_async(
-        self, array: np.ndarray, *, root: int, tag: int, bfloat16: bool = False
+        self, array: np.ndarray, *, root: int, tag: int, bfloat16: bool = False, run_here: bool = False
     ) -> concurrent.futures.Future[None]:
         dtype = _check_array(array, bfloat16=bfloat16)
         if not 0 <= root < self.world_size:
@@ -302,14 +362,22 @@ class RingEngine:
             )
 
         return self._submit(
-            plan, array=array, dtype=dtype, op=ops.ReduceOp.SUM, tag=tag, quantize=None, reducer=None, inline=inline
+            plan,
+            array=array,
+            dtype=dtype,
+            op=ops.ReduceOp.SUM,
+            tag=tag,
+            quantize=None,
+            reducer=None,
+            inline=inline,
+            run_here=run_here,
         )
 
     def all_gather(self, array: np.ndarray, out: np.ndarray, *, tag: int, bfloat16: bool = False) -> None:
-        self.all_gather_async(array, out, tag=tag, bfloat16=bfloat16).result()
+        self.all_gather_async(array, out, tag=tag, bfloat16=bfloat16, run_here=True).result()
 
     def all_gather_async(
-        self, array: np.ndarray, out: np.ndarray, *, tag: int, bfloat16: bool = False
+        self, array: np.ndarray, out: np.ndarray, *, tag: int, bfloat16: bool = False, run_here: bool = False
     ) -> concurrent.futures.Future[None]:
         """``out`` (world * len(array), same dtype) receives every rank's ``array`` in rank order."""
         dtype = _check_array(array, bfloat16=bfloat16)
@@ -322,7 +390,16 @@ class RingEngine:
             seg = schedule.segment_elems(length=block, world=1, itemsize=array.itemsize)
             return schedule.all_gather(block=block, rank=rank, world=world, seg_elems=seg)
 
-        return self._submit(plan, array=out, dtype=dtype, op=ops.ReduceOp.SUM, tag=tag, quantize=None, reducer=None)
+        return self._submit(
+            plan,
+            array=out,
+            dtype=dtype,
+            op=ops.ReduceOp.SUM,
+            tag=tag,
+            quantize=None,
+            reducer=None,
+            run_here=run_here,
+        )
 
     def barrier(self, *, tag: int) -> None:
         """Returns once every peer has entered the barrier (a one-element all-reduce)."""
@@ -349,7 +426,7 @@ class RingEngine:
                 log.warning("Could not measure bandwidth to %s: %s", target.peer_id, exc)
         return result
 
-    def submit(self, fn: Callable[[], None], *, tag: int) -> concurrent.futures.Future[None]:
+    def submit(self, fn: Callable[[], None], *, tag: int, run_here: bool = False) -> concurrent.futures.Future[None]:
         """Queue ``fn`` among the collectives (in order, one at a time, e.g. an operation on the
         mesh); any exception in it aborts the engine like a failed collective does."""
 
@@ -359,7 +436,7 @@ class RingEngine:
                     raise CollectiveAborted(self._abort)
             self._guarded(fn, tag=tag)
 
-        return self._enqueue(execute)
+        return self._enqueue(execute, run_here=run_here)
 
     def help(self, future: concurrent.futures.Future[Any]) -> None:
         """Run queued operations on this thread until ``future`` is done or another thread runs them."""
@@ -418,13 +495,15 @@ class RingEngine:
             self.abort(reason)
             raise CollectiveAborted(self._abort or reason) from exc
 
-    def _enqueue(self, execute: Callable[[], None]) -> concurrent.futures.Future[None]:
+    def _enqueue(self, execute: Callable[[], None], *, run_here: bool) -> concurrent.futures.Future[None]:
         if self._ops is None:
             raise RuntimeError("start() the engine first")
-        future = self._ops.submit(execute)
+        future = self._ops.submit(execute, wake=not run_here)
         with self._lock:
             self._inflight.add(future)
         future.add_done_callback(self._retire)
+        if run_here:
+            self._ops.help(future)
         return future
 
     def _submit(
@@ -439,22 +518,19 @@ class RingEngine:
         reducer: runner.Reducer | None,
         after: Callable[[int], None] | None = None,
         inline: Callable[[socket.socket, socket.socket, int, int], None] | None = None,
+        run_here: bool = False,
     ) -> concurrent.futures.Future[None]:
         """Queue one operation: the ring ``plan``, or for a small buffer ``inline`` (out, in, rank, world)."""
         use_inline = inline is not None and array.nbytes <= small.SMALL_BYTES
 
         def execute() -> None:
-            with self._lock:
-                if self._abort is not None:
-                    raise CollectiveAborted(self._abort)
-                crew, rank, world = self._crew, self._rank, self.world_size
-                links = (self._outs[0], self._ins[0]) if self._outs else None
+            rank, world, links, crew = self._ring_now()
             if world == 1:
                 if after is not None:
                     after(rank)
                 return
-            if links is None or crew is None:
-                raise CollectiveAborted("no ring: call set_ring first")
+
+            assert links is not None and crew is not None
 
             def body() -> None:
                 if use_inline:
@@ -478,7 +554,19 @@ class RingEngine:
 
             self._guarded(body, tag=tag)
 
-        return self._enqueue(execute)
+        return self._enqueue(execute, run_here=run_here)
+
+    def _ring_now(self) -> tuple[int, int, tuple[socket.socket, socket.socket] | None, runner.Crew | None]:
+        """rank, world, (successor link, predecessor link) and the I/O crew, both set when world > 1;
+        raises CollectiveAborted when aborted or without a ring."""
+        with self._lock:
+            if self._abort is not None:
+                raise CollectiveAborted(self._abort)
+            rank, world, crew = self._rank, self.world_size, self._crew
+            links = (self._outs[0], self._ins[0]) if self._outs else None
+        if world > 1 and (links is None or crew is None):
+            raise CollectiveAborted("no ring: call set_ring first")
+        return rank, world, links, crew
 
     def _retire(self, future: concurrent.futures.Future[None]) -> None:
         with self._lock:

@@ -19,7 +19,7 @@ Numeric rules (the same on every peer, so results are bit-identical everywhere)
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -90,14 +90,21 @@ def check_op(op: ReduceOp, dtype: frames.DType) -> None:
 
 def combine(dst: np.ndarray, src: np.ndarray, *, op: ReduceOp, dtype: frames.DType) -> None:
     """``dst = op(dst, src)`` elementwise, in place (IEEE results, overflow and NaN without warnings)."""
+    combine_all(dst, (src,), op=op, dtype=dtype)
+
+
+def combine_all(dst: np.ndarray, sources: Sequence[np.ndarray], *, op: ReduceOp, dtype: frames.DType) -> None:
+    """``dst = op(...op(op(dst, sources[0]), sources[1])..., sources[-1])``: in this order, so that
+    every rank computing it from the same operands gets the same bits."""
     ufunc = _UFUNC[op]
     with np.errstate(all="ignore"):
-        if dtype is frames.DType.BF16:
-            wide = bf16_to_f32(dst)
-            ufunc(wide, bf16_to_f32(src), out=wide)
-            f32_to_bf16(wide, out=dst)
-        else:
-            ufunc(dst, src, out=dst)
+        for src in sources:
+            if dtype is frames.DType.BF16:
+                wide = bf16_to_f32(dst)
+                ufunc(wide, bf16_to_f32(src), out=wide)
+                f32_to_bf16(wide, out=dst)
+            else:
+                ufunc(dst, src, out=dst)
 
 
 def divide(dst: np.ndarray, *, divisor: int, dtype: frames.DType) -> None:

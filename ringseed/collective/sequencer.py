@@ -8,10 +8,19 @@ What this module owns
   a small message's latency in Python. Asynchronous callers are served by the background thread,
   so an operation never waits for its caller to come back (no deadlock with work the caller
   does in between, such as point-to-point sends the peers wait for).
+- :meth:`Sequencer.run_inline`: a synchronous caller's operation runs at once on its thread
+  when nothing is queued or running, with no future at all (small messages).
+- ``submit(fn, wake=False)``: for a caller that waits at once (a synchronous collective): the
+  operation is queued *without waking* the background thread, and the caller runs it. Waking
+  that thread for an operation it will not run costs a thread switch and a fight for the GIL
+  per operation, which on a busy machine was most of a small message's latency.
 - :class:`OpFuture`: a ``concurrent.futures.Future`` whose ``result`` and ``exception`` help.
 
 Rules
 - At most one operation runs at any time, and in submission order, whoever runs it.
+- Every queued operation makes progress without its caller: whoever finishes an operation
+  wakes the background thread when the queue is not empty (so an operation queued by
+  ``wake=False`` behind a running one is taken up when that one ends).
 - :meth:`Sequencer.shutdown` cancels what has not started and lets the thread end; it never waits.
 """
 
@@ -48,17 +57,46 @@ class Sequencer:
         self._queue: collections.deque[OpFuture] = collections.deque()
         self._running = False
         self._closed = False
+        self._idle_waiters = 0
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[[], None]) -> OpFuture:
+    def submit(self, fn: Callable[[], None], *, wake: bool = True) -> OpFuture:
+        """Queue ``fn``; the background thread runs it unless a waiter gets there first.
+
+        ``wake=False`` is for a caller that helps at once (:meth:`help`, or waits on the
+        future): the background thread is not woken for it, so it runs on the caller's thread
+        if nothing is running; if something is, whoever finishes that takes it up, in order."""
         future = OpFuture(self, fn)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the sequencer is shut down")
             self._queue.append(future)
-            self._cond.notify_all()
+            if wake:
+                self._cond.notify()
         return future
+
+    def run_inline(self, fn: Callable[[], None]) -> bool:
+        """Run ``fn`` on this thread now if nothing is queued or running (no future, no queue):
+        the cheapest path for a synchronous caller. False, without running it, otherwise."""
+        with self._cond:
+            if self._running or self._queue or self._closed:
+                return False
+            self._running = True
+        try:
+            fn()
+        finally:
+            self._release()
+        return True
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until nothing runs (a closing owner waits for the operation it aborted to unwind)."""
+        with self._cond:
+            self._idle_waiters += 1
+            try:
+                return self._cond.wait_for(lambda: not self._running, timeout)
+            finally:
+                self._idle_waiters -= 1
 
     def help(self, target: concurrent.futures.Future[Any]) -> None:
         """Run queued operations on this thread until ``target`` is done or someone else is running."""
@@ -104,9 +142,15 @@ class Sequencer:
                 else:
                     future.set_result(None)
         finally:
-            with self._cond:
-                self._running = False
+            self._release()
+
+    def _release(self) -> None:
+        with self._cond:
+            self._running = False
+            if self._idle_waiters:
                 self._cond.notify_all()
+            elif self._queue:  # then only the background thread waits on the condition
+                self._cond.notify()
 
     def _serve(self) -> None:
         while (future := self._claim(block=True)) is not None:

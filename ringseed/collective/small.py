@@ -3,15 +3,23 @@
 What this module owns
 - :func:`all_reduce`: below ``SMALL_BYTES`` a ring all-reduce's 2(N-1) steps, its segment
   pipeline and its I/O threads cost more than the bytes. Here each of N-1 steps forwards a
-  whole buffer to the successor while receiving one from the predecessor (one ``select`` loop,
-  no thread), so after N-1 steps every rank holds every rank's buffer; each rank then reduces
+  whole buffer to the successor while receiving one from the predecessor (one loop, no
+  thread), so after N-1 steps every rank holds every rank's buffer; each rank then reduces
   them in rank order 0, 1, ..., N-1, the same expression everywhere, so all ranks end
   bit-identical (also for MIN/MAX of signed zeros, where operand order matters).
 - :func:`broadcast`: the root's buffer travels the ring once, each rank forwarding what it got.
 
 Rules
-- Frames are validated against the expectation (tag, step, dtype, byte count) before their
-  payload is read, exactly as on the ring path.
+- System calls are the cost here (each is also a chance for a busy machine to preempt us), so
+  the links' descriptors are driven directly: they are non-blocking (``transport.configure``
+  gives every ring socket a timeout, which CPython implements with ``O_NONBLOCK``), a frame
+  goes out in one ``writev`` (header and payload, no copy) and comes in with ``readv`` into a
+  scratch buffer of exactly the expected frame, so a step is usually one write and one read,
+  plus one ``select`` when the peer's frame has not arrived yet. Socket methods would ``poll``
+  before every call.
+- A frame is validated against the expectation (tag, step, dtype, byte count) before any of
+  its payload is used; nothing reaches the caller's buffer before that (the scratch buffer
+  holds at most one expected frame, so a bad header cannot make us read past it).
 - Reductions run on the host (numpy); for a CUDA tensor the staged host buffer is the result
   (copied to the device by ``finish``), since at these sizes a kernel launch and two copies per
   step cost more than the reduction.
@@ -21,6 +29,7 @@ Rules
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 
@@ -45,27 +54,17 @@ def all_reduce(
     io_timeout: float,
 ) -> None:
     """In place; ``array`` is 1-D contiguous storage of ``dtype``."""
-    buffers: list[np.ndarray | None] = [None] * world
-    buffers[rank] = array.copy()
+    fds = _descriptors(out, inp)
+    # at step s this rank forwards rank (rank - s)'s buffer (its own first) and receives rank (rank - s - 1)'s
+    by_rank: list[np.ndarray] = [array] * world
+    by_rank[rank] = array.copy()
+    sending = _bytes(by_rank[rank])
     for step in range(world - 1):
-        outgoing = buffers[(rank - step) % world]
-        incoming = np.empty_like(array)
-        assert outgoing is not None
-        _exchange(
-            out=out,
-            inp=inp,
-            send=_frame(outgoing, dtype=dtype, tag=tag, step=step),
-            recv=_bytes(incoming),
-            expect=dict(tag=tag, sequence=step, dtype=dtype, nbytes=array.nbytes),
-            io_timeout=io_timeout,
-        )
-        buffers[(rank - step - 1) % world] = incoming
-    first = buffers[0]
-    assert first is not None
-    array[...] = first
-    for other in buffers[1:]:
-        assert other is not None
-        ops.combine(array, other, op=op, dtype=dtype)
+        head = _header(dtype=dtype, tag=tag, sequence=step, nbytes=array.nbytes)
+        sending = _exchange(fds, send=[memoryview(head), sending], expect=head, nbytes=array.nbytes, io=io_timeout)
+        by_rank[(rank - step - 1) % world] = np.frombuffer(sending, dtype=array.dtype)
+    array[...] = by_rank[0]
+    ops.combine_all(array, by_rank[1:], op=op, dtype=dtype)
     if op is ops.ReduceOp.AVG:
         ops.divide(array, divisor=world, dtype=dtype)
 
@@ -82,69 +81,89 @@ def broadcast(
     tag: int,
     io_timeout: float,
 ) -> None:
+    fds = _descriptors(out, inp)
     distance = (rank - root) % world
+    head = _header(dtype=dtype, tag=tag, sequence=0, nbytes=array.nbytes)
     if distance > 0:
-        _exchange(
-            out=out,
-            inp=inp,
-            send=b"",
-            recv=_bytes(array),
-            expect=dict(tag=tag, sequence=0, dtype=dtype, nbytes=array.nbytes),
-            io_timeout=io_timeout,
-        )
+        _bytes(array)[:] = _exchange(fds, send=[], expect=head, nbytes=array.nbytes, io=io_timeout)
     if distance < world - 1:
-        _exchange(
-            out=out,
-            inp=inp,
-            send=_frame(array, dtype=dtype, tag=tag, step=0),
-            recv=memoryview(b""),
-            expect=None,
-            io_timeout=io_timeout,
-        )
+        _exchange(fds, send=[memoryview(head), _bytes(array)], expect=None, nbytes=0, io=io_timeout)
 
 
-def _frame(array: np.ndarray, *, dtype: frames.DType, tag: int, step: int) -> bytes:
-    header = frames.Header(kind=frames.Kind.DATA, dtype=dtype, tag=tag, sequence=step, nbytes=array.nbytes)
-    return frames.encode_header(header) + array.tobytes()
+def _descriptors(out: socket.socket, inp: socket.socket) -> tuple[int, int]:
+    if out.gettimeout() is None or inp.gettimeout() is None:
+        raise RuntimeError("ring links must be in timeout (non-blocking) mode; see transport.configure")
+    return out.fileno(), inp.fileno()
+
+
+def _header(*, dtype: frames.DType, tag: int, sequence: int, nbytes: int) -> bytes:
+    return frames.encode_header(
+        frames.Header(kind=frames.Kind.DATA, dtype=dtype, tag=tag, sequence=sequence, nbytes=nbytes)
+    )
 
 
 def _exchange(
-    *,
-    out: socket.socket,
-    inp: socket.socket,
-    send: bytes,
-    recv: memoryview,
-    expect: dict[str, object] | None,
-    io_timeout: float,
-) -> None:
-    """Send ``send`` on ``out`` while receiving one frame into ``recv`` from ``inp``, one thread."""
-    head = bytearray(frames.HEADER_BYTES)
-    sent, got, total = 0, 0, (frames.HEADER_BYTES + len(recv)) if expect is not None else 0
-    while sent < len(send) or got < total:
-        readable, writable, _ = select.select(
-            [inp] if got < total else [], [out] if sent < len(send) else [], [], io_timeout
-        )
-        if not readable and not writable:
-            raise TimeoutError(f"no progress for {io_timeout} s")
-        if writable:
-            sent += out.send(send[sent:])
-        if readable:
-            got += _receive(inp, head, recv, got, expect)
+    fds: tuple[int, int], *, send: list[memoryview], expect: bytes | None, nbytes: int, io: float
+) -> memoryview:
+    """Write ``send`` (a header and its payload) to the successor while reading one frame whose header
+    must be ``expect`` and whose payload is ``nbytes`` from the predecessor; returns that payload."""
+    out_fd, in_fd = fds
+    frame = memoryview(bytearray(frames.HEADER_BYTES + nbytes if expect is not None else 0))
+    got, checked = 0, expect is None
+    while send or got < len(frame):
+        progressed = False
+        if send:
+            try:
+                send = _advance(send, os.writev(out_fd, send))
+                progressed = True
+            except BlockingIOError:
+                pass
+        if got < len(frame):
+            try:
+                n = os.readv(in_fd, [frame[got:]])
+            except BlockingIOError:
+                n = -1
+            if n == 0:
+                raise ConnectionError(f"peer closed the connection after {got} bytes of a {len(frame)}-byte frame")
+            if n > 0:
+                got += n
+                progressed = True
+            if not checked and got >= frames.HEADER_BYTES:
+                assert expect is not None
+                _check(frame[: frames.HEADER_BYTES], expect)
+                checked = True
+        if not progressed:
+            readable, writable, _ = select.select([in_fd] if got < len(frame) else [], [out_fd] if send else [], [], io)
+            if not readable and not writable:
+                raise TimeoutError(f"no progress for {io} s")
+    return frame[frames.HEADER_BYTES :]
 
 
-def _receive(inp: socket.socket, head: bytearray, recv: memoryview, got: int, expect: dict[str, object] | None) -> int:
-    if got < frames.HEADER_BYTES:
-        n = inp.recv_into(memoryview(head)[got:])
-        if n == 0:
-            raise ConnectionError(f"peer closed the connection after {got} header bytes")
-        if got + n == frames.HEADER_BYTES:
-            assert expect is not None
-            frames.check_expected(frames.decode_header(head), kind=frames.Kind.DATA, **expect)  # type: ignore[arg-type]
-        return n
-    n = inp.recv_into(recv[got - frames.HEADER_BYTES :])
-    if n == 0:
-        raise ConnectionError(f"peer closed the connection after {got - frames.HEADER_BYTES} of {len(recv)} bytes")
-    return n
+def _check(received: memoryview, expected: bytes) -> None:
+    """A header has one encoding per value, so equal bytes are the whole check; a difference is
+    decoded to name the field that differs (or what is malformed)."""
+    if received == expected:
+        return
+    want = frames.decode_header(expected)
+    frames.check_expected(
+        frames.decode_header(received),
+        kind=want.kind,
+        tag=want.tag,
+        sequence=want.sequence,
+        dtype=want.dtype,
+        nbytes=want.nbytes,
+    )
+    raise frames.FrameError(f"frame header differs from the expected one (tag {want.tag})")
+
+
+def _advance(views: list[memoryview], n: int) -> list[memoryview]:
+    """What is left of ``views`` after ``n`` bytes went out."""
+    while views and n >= len(views[0]):
+        n -= len(views[0])
+        views = views[1:]
+    if views and n:
+        views = [views[0][n:], *views[1:]]
+    return views
 
 
 def _bytes(array: np.ndarray) -> memoryview:

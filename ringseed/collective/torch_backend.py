@@ -78,26 +78,31 @@ _MONITOR = 1 << 63
 
 
 class Work(c10d.Work):
-    """A handle on engine futures; ``finish`` runs once they all succeeded, then the torch future is set."""
+    """A handle on engine futures; ``finish`` runs once they all succeeded, then the torch future is set.
+
+    Without futures (the operation already ran on the caller's thread) the work is complete at
+    once and costs no synchronisation: its torch future is only made if someone asks for it."""
 
     def __init__(
         self,
-        futures: Sequence[concurrent.futures.Future[Any]],
+        futures: Sequence[concurrent.futures.Future[Any]] = (),
         *,
         result: Any,
         finish: Callable[[], None] = lambda: None,
         helper: engine.RingEngine | None = None,
     ) -> None:
         super().__init__()
-        self._torch_future: torch.futures.Future[Any] = torch.futures.Future()
-        self._done = concurrent.futures.Future[None]()
+        self._result, self._finish, self._helper = result, finish, helper
         self._futures = list(futures)
+        self._torch_future: torch.futures.Future[Any] | None = None
+        if not self._futures:
+            self._done = _finished(finish)
+            return
+        self._torch_future = torch.futures.Future()
+        self._done = concurrent.futures.Future[None]()
         self._pending = len(self._futures)
         self._lock = threading.Lock()
         self._completing = False
-        self._result, self._finish, self._helper = result, finish, helper
-        if not self._futures:
-            self._complete(None)
         for f in self._futures:
             f.add_done_callback(self._one_done)
 
@@ -122,6 +127,7 @@ class Work(c10d.Work):
                 self._finish()
             except Exception as exc:  # a failed copy-back fails the work, never the engine thread
                 error = exc
+        assert self._torch_future is not None
         if error is None:
             self._done.set_result(None)
             self._torch_future.set_result(self._result)
@@ -130,6 +136,8 @@ class Work(c10d.Work):
             self._torch_future.set_exception(error)
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        if self._done is _DONE:
+            return True
         if self._helper is not None:
             for f in self._futures:
                 self._helper.help(f)  # a synchronous caller runs its own operation: no thread hand-off
@@ -150,6 +158,14 @@ class Work(c10d.Work):
         return self._done.exception() if self._done.done() else None
 
     def get_future(self) -> torch.futures.Future[Any]:
+        if self._torch_future is None:  # complete from the start: made on demand
+            future: torch.futures.Future[Any] = torch.futures.Future()
+            error = self._done.exception()
+            if error is None:
+                future.set_result(self._result)
+            else:
+                future.set_exception(error)
+            self._torch_future = future
         return self._torch_future
 
     def _source_rank(self) -> int:
@@ -224,7 +240,12 @@ class RingseedProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         op = _op(opts, "all_reduce")
         staged = [tensors.stage(_dense(t, "all_reduce")) for t in tensor_list]
-        futures = [self._reduce(s, op) for s in staged]
+        if len(staged) == 1 and _waits_at_once(opts):  # a small one runs right here, with no future at all
+            tag = self._next_tag()
+            if self._engine.all_reduce_here(staged[0].array, op=op, tag=tag, bfloat16=staged[0].bfloat16):
+                return Work(result=tensor_list, finish=staged[0].finish)
+            return self._work([self._reduce(staged[0], op, opts, tag=tag)], tensor_list, staged[0].finish)
+        futures = [self._reduce(s, op, opts) for s in staged]
         return self._work(futures, tensor_list, *(s.finish for s in staged))
 
     def allreduce_coalesced(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Work:
@@ -242,7 +263,7 @@ class RingseedProcessGroup(dist.ProcessGroup):
                 t.detach().copy_(flat[offset : offset + t.numel()].view_as(t))
                 offset += t.numel()
 
-        return self._work([self._reduce(staged, op)], tensor_list, scatter_back)
+        return self._work([self._reduce(staged, op, opts)], tensor_list, scatter_back)
 
     def reduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         """The root's tensor gets the reduction; the others' tensors are left as they were."""
@@ -252,12 +273,19 @@ class RingseedProcessGroup(dist.ProcessGroup):
         for t in tensor_list:
             target = _dense(t, "reduce") if self.rank() == root else t.detach().clone()
             work.append(tensors.stage(target))
-        futures = [self._reduce(s, op) for s in work]
+        futures = [self._reduce(s, op, opts) for s in work]
         return self._work(futures, tensor_list, *(s.finish for s in work if self.rank() == root))
 
-    def _reduce(self, staged: tensors.Staged, op: ops.ReduceOp) -> concurrent.futures.Future[None]:
+    def _reduce(
+        self, staged: tensors.Staged, op: ops.ReduceOp, opts: Any, *, tag: int | None = None
+    ) -> concurrent.futures.Future[None]:
         return self._engine.all_reduce_async(
-            staged.array, op=op, tag=self._next_tag(), bfloat16=staged.bfloat16, reducer=staged.reducer
+            staged.array,
+            op=op,
+            tag=self._next_tag() if tag is None else tag,
+            bfloat16=staged.bfloat16,
+            reducer=staged.reducer,
+            run_here=_waits_at_once(opts),
         )
 
     def reduce_scatter(  # type: ignore[override]
@@ -275,6 +303,7 @@ class RingseedProcessGroup(dist.ProcessGroup):
                     op=op,
                     tag=self._next_tag(),
                     bfloat16=out.dtype == torch.bfloat16,
+                    run_here=_waits_at_once(opts),
                 )
             )
             finishers.append(lambda out=out, result=result: _ignore(out.detach().copy_(result.view_as(out))))
@@ -290,7 +319,9 @@ class RingseedProcessGroup(dist.ProcessGroup):
         return _joined(works, outputs, self._engine)
 
     def barrier(self, opts: Any = None) -> Work:
-        future = self._engine.all_reduce_async(np.zeros(1, np.int32), op=ops.ReduceOp.SUM, tag=self._next_tag())
+        future = self._engine.all_reduce_async(
+            np.zeros(1, np.int32), op=ops.ReduceOp.SUM, tag=self._next_tag(), run_here=_waits_at_once(opts)
+        )
         return self._work([future], None)
 
     # ----- data movement on the ring ---------------------------------------------------------
@@ -298,7 +329,8 @@ class RingseedProcessGroup(dist.ProcessGroup):
     def broadcast(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         root = opts.rootRank if opts is not None else 0
         staged = [tensors.stage_bytes(_dense(t, "broadcast")) for t in tensor_list]
-        futures = [self._engine.broadcast_async(s.array, root=root, tag=self._next_tag()) for s in staged]
+        now = _waits_at_once(opts)
+        futures = [self._engine.broadcast_async(s.array, root=root, tag=self._next_tag(), run_here=now) for s in staged]
         return self._work(futures, tensor_list, *(s.finish for s in staged))
 
     def allgather(  # type: ignore[override]
@@ -306,7 +338,7 @@ class RingseedProcessGroup(dist.ProcessGroup):
     ) -> Work:
         futures, finishers = [], []
         for outs, tensor in zip(output_tensors, input_tensors, strict=True):
-            future, finish = self._gather_all(tensor, functools.partial(_split_into, outs=outs))
+            future, finish = self._gather_all(tensor, functools.partial(_split_into, outs=outs), opts)
             futures.append(future)
             finishers.append(finish)
         return self._work(futures, output_tensors, *finishers)
@@ -319,7 +351,7 @@ class RingseedProcessGroup(dist.ProcessGroup):
         return _joined([self.allgather(per_input, input_list, opts)], output_lists, self._engine)
 
     def _allgather_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> Work:
-        future, finish = self._gather_all(tensor, functools.partial(_split_into, outs=[output]))
+        future, finish = self._gather_all(tensor, functools.partial(_split_into, outs=[output]), opts)
         return self._work([future], [output], finish)
 
     def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> Work:
@@ -332,11 +364,13 @@ class RingseedProcessGroup(dist.ProcessGroup):
         return _joined(works, outputs, self._engine)
 
     def _gather_all(
-        self, tensor: torch.Tensor, deliver: Callable[[np.ndarray], None]
+        self, tensor: torch.Tensor, deliver: Callable[[np.ndarray], None], opts: Any
     ) -> tuple[concurrent.futures.Future[None], Callable[[], None]]:
         source = tensors.stage_bytes(_dense(tensor, "all_gather"))
         gathered = np.empty(source.array.nbytes * self.size(), np.uint8)
-        future = self._engine.all_gather_async(source.array, gathered, tag=self._next_tag())
+        future = self._engine.all_gather_async(
+            source.array, gathered, tag=self._next_tag(), run_here=_waits_at_once(opts)
+        )
         return future, lambda: deliver(gathered)
 
     # ----- rooted and personalised operations on the direct links ------------------------------
@@ -519,6 +553,13 @@ def _op(opts: Any, name: str) -> ops.ReduceOp:
         raise ValueError(f"ringseed does not support {opts.reduceOp.op} in {name}") from None
 
 
+def _waits_at_once(opts: Any) -> bool:
+    """torch sets ``asyncOp`` False when it calls ``wait()`` right after the call (``async_op=False``):
+    then the operation runs on the caller's thread at once (no hand-off; see ``sequencer.py``).
+    Options without it, or built by hand, count as asynchronous (the engine's thread runs them)."""
+    return opts is not None and getattr(opts, "asyncOp", True) is False
+
+
 def _dense(tensor: torch.Tensor, name: str) -> torch.Tensor:
     if tensor.layout is not torch.strided:
         raise RuntimeError(f"ringseed does not support {tensor.layout} tensors ({name}); densify them first")
@@ -561,6 +602,21 @@ def _split_into(gathered: np.ndarray, outs: Sequence[torch.Tensor]) -> None:
         source = torch.from_numpy(gathered[offset : offset + n]).view(target.dtype).view(target.shape)
         target.copy_(source)
         offset += n
+
+
+_DONE = concurrent.futures.Future[None]()
+_DONE.set_result(None)  # shared by every work complete from the start (nothing waits on it)
+
+
+def _finished(finish: Callable[[], None]) -> concurrent.futures.Future[None]:
+    """The state of a work complete from the start: ``finish`` ran, or failed (a failed copy-back)."""
+    try:
+        finish()
+    except Exception as exc:
+        failed = concurrent.futures.Future[None]()
+        failed.set_exception(exc)
+        return failed
+    return _DONE
 
 
 def _joined(works: Sequence[Work], result: Any, helper: engine.RingEngine) -> Work:

@@ -18,12 +18,13 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from ringseed.collective import engine, listener, transport
+from ringseed.collective import engine, listener, small, transport
 from ringseed.protocol import frames
 from tests.component.collective import _engine_ring
 
 TOKEN = _engine_ring.TOKEN
 LENGTH = 1 << 15  # float32, above small.SMALL_BYTES (the ring path); two peers: rank 0 first receives [0, LENGTH // 2)
+SMALL_LENGTH = 256  # float32, the small-message path: one whole-buffer frame per step
 
 
 class Fault(enum.Enum):
@@ -37,8 +38,15 @@ class Fault(enum.Enum):
     STALL_MID_FRAME = "stalled"
 
 
-def bad_frame(fault: Fault, *, tag: int) -> bytes:
-    good = frames.Header(kind=frames.Kind.DATA, dtype=frames.DType.F32, tag=tag, sequence=0, nbytes=LENGTH // 2 * 4)
+def first_frame_bytes(length: int) -> int:
+    """What rank 0 of two first receives: half the buffer on the ring path, all of it on the small path."""
+    return length * 4 if length * 4 <= small.SMALL_BYTES else length // 2 * 4
+
+
+def bad_frame(fault: Fault, *, tag: int, length: int = LENGTH) -> bytes:
+    good = frames.Header(
+        kind=frames.Kind.DATA, dtype=frames.DType.F32, tag=tag, sequence=0, nbytes=first_frame_bytes(length)
+    )
     head = frames.encode_header(good)
     if fault is Fault.BAD_MAGIC:
         return b"EVIL" + head[4:]
@@ -105,14 +113,17 @@ def pair() -> Iterator[tuple[engine.RingEngine, FakePeer]]:
         fake.close()
 
 
+@pytest.mark.parametrize("length", [LENGTH, SMALL_LENGTH], ids=["ring", "small"])
 @pytest.mark.parametrize("fault", list(Fault), ids=lambda f: f.name)
-def test_malformed_or_stalled_frame_aborts_cleanly(pair: tuple[engine.RingEngine, FakePeer], fault: Fault) -> None:
+def test_malformed_or_stalled_frame_aborts_cleanly(
+    pair: tuple[engine.RingEngine, FakePeer], fault: Fault, length: int
+) -> None:
     real, fake = pair
-    original = np.arange(LENGTH, dtype=np.float32)
+    original = np.arange(length, dtype=np.float32)
     array = original.copy()
     future = real.all_reduce_async(array, op=engine.ReduceOp.SUM, tag=5)
     assert fake.out is not None
-    fake.out.sendall(bad_frame(fault, tag=5))
+    fake.out.sendall(bad_frame(fault, tag=5, length=length))
     if fault is Fault.TRUNCATED:
         fake.out.close()
         fake.out = None

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ringseed.collective import control, engine, ops, state
+from ringseed.collective import control, engine, ops, runner, state
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -179,11 +179,21 @@ class Communicator:
 
     # -- collectives ---------------------------------------------------------------------
 
-    def all_reduce(self, array: np.ndarray, *, op: ops.ReduceOp = ReduceOp.SUM, quantize: str | None = None) -> Work:
-        """In-place all-reduce of a 1-D C-contiguous array."""
+    def all_reduce(
+        self,
+        array: np.ndarray,
+        *,
+        op: ops.ReduceOp = ReduceOp.SUM,
+        quantize: str | None = None,
+        bfloat16: bool = False,
+        reducer: runner.Reducer | None = None,
+    ) -> Work:
+        """In-place all-reduce of a 1-D C-contiguous array. ``bfloat16``: ``array`` is uint16
+        storage of bfloat16 values (numpy has no bfloat16). ``reducer`` combines the received
+        segments on the ring path (e.g. on a GPU; small buffers are reduced on the host)."""
 
         def body(tag: int) -> None:
-            self._engine.all_reduce(array, op=op, tag=tag, quantize=quantize)
+            self._engine.all_reduce(array, op=op, tag=tag, quantize=quantize, bfloat16=bfloat16, reducer=reducer)
 
         return self._submit(name="all_reduce", protect=array, body=body)
 

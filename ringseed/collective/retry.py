@@ -48,13 +48,15 @@ def all_reduce_with_retry(
     *,
     op: ops.ReduceOp = ops.ReduceOp.SUM,
     quantize: str | None = None,
+    bfloat16: bool = False,
     max_attempts: int = 5,
     on_abort: Callable[[engine.CollectiveAborted], None] | None = None,
 ) -> int:
-    """All-reduce ``array`` in place, retrying with the survivors; returns the world size it ran with."""
+    """All-reduce ``array`` in place, retrying with the survivors; returns the world size it ran with.
+    ``bfloat16``: ``array`` is uint16 storage of bfloat16 values (numpy has no bfloat16)."""
 
     def attempt() -> int:
-        comm.all_reduce(array, op=op, quantize=quantize).wait()
+        comm.all_reduce(array, op=op, quantize=quantize, bfloat16=bfloat16).wait()
         world: int = comm.world_size
         return world
 

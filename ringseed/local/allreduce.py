@@ -11,7 +11,12 @@ regenerated data, float64 accumulation). It prints algbw (bytes / seconds) and b
 the peers all-reduce in a loop. Every survivor must see its call abort, find its buffer equal to
 its value before the call bit for bit, and retry with the survivors; the result must equal the
 reduction over the survivors. ``recovery_seconds`` is the time from the SIGKILL to the
-completed retry on the slowest survivor.
+completed retry on the slowest survivor. On a loaded machine a timer can land between two
+operations (then nothing is aborted: the next vote leaves the dead peer out, and
+``abort_seconds`` is null). ``--kill-peer-mid-op`` removes that chance: the last peer SIGKILLs
+itself when it combines the first segment it received in the first all-reduce after the warm-up,
+so the kill lands inside an operation every time (``--size`` must be above the small-message
+threshold, ``collective.small.SMALL_BYTES``: only the ring path combines segments).
 
 Every process started here runs in its own process group and is killed on exit, error and
 Ctrl-C. Exit status 0 only when every check passed.
@@ -37,7 +42,8 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
-DTYPES = ("float32", "float64", "float16", "int32", "int64")
+ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
+DTYPES = tuple(ITEMSIZE)
 OPS = ("sum", "avg", "min", "max", "prod")
 
 
@@ -63,6 +69,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="SIGKILL the last peer this long after the warm-up and check the recovery (default: no kill)",
     )
     parser.add_argument(
+        "--kill-peer-mid-op",
+        action="store_true",
+        help="SIGKILL the last peer inside the first all-reduce after the warm-up (provably mid-operation) "
+        "and check the recovery",
+    )
+    parser.add_argument(
         "--heartbeat-interval", type=cmdline.positive_seconds, default=0.25, help="seconds between peer heartbeats"
     )
     parser.add_argument(
@@ -76,7 +88,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     size = int(args.size)
-    itemsize = {"float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}[args.dtype]
+    itemsize = ITEMSIZE[args.dtype]
     problem = _check(args, size=size, itemsize=itemsize)
     if problem:
         print(f"ringseed local allreduce: {problem}", file=sys.stderr)
@@ -88,8 +100,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace, *, size: int, itemsize: int) -> str:
-    if args.peers < 1 or (args.kill_peer_at is not None and args.peers < 2):
-        return "--peers must be at least 1 (2 with --kill-peer-at)"
+    from ringseed.collective.small import SMALL_BYTES
+
+    if args.kill_peer_at is not None and args.kill_peer_mid_op:
+        return "--kill-peer-at and --kill-peer-mid-op exclude each other"
+    if args.peers < 1 or (_kills(args) and args.peers < 2):
+        return "--peers must be at least 1 (2 with --kill-peer-at or --kill-peer-mid-op)"
+    if args.kill_peer_mid_op and size <= SMALL_BYTES:
+        return f"--kill-peer-mid-op needs --size above {SMALL_BYTES} bytes (smaller buffers combine no segments)"
     if size < itemsize or size % itemsize:
         return f"--size must be a positive multiple of the {args.dtype} item size ({itemsize} bytes)"
     if args.quantize and args.dtype.startswith("int"):
@@ -97,6 +115,10 @@ def _check(args: argparse.Namespace, *, size: int, itemsize: int) -> str:
     if args.op == "avg" and args.dtype.startswith("int"):
         return "--op avg needs a floating --dtype"
     return ""
+
+
+def _kills(args: argparse.Namespace) -> bool:
+    return args.kill_peer_at is not None or bool(args.kill_peer_mid_op)
 
 
 class _Processes:
@@ -215,7 +237,8 @@ def _execute(args: argparse.Namespace, *, procs: _Processes, count: int, tmp: Pa
             str(args.timeout),
         ]
         argv += ["--quantize", args.quantize] if args.quantize else []
-        argv += ["--until-shrunk", str(args.peers)] if args.kill_peer_at is not None else []
+        argv += ["--until-shrunk", str(args.peers)] if _kills(args) else []
+        argv += ["--die-mid-op"] if args.kill_peer_mid_op and i == args.peers - 1 else []
         proc = procs.spawn(argv, name=f"peer-{i}", stdout=subprocess.PIPE)
         workers.append(proc)
         assert proc.stdout is not None
@@ -228,6 +251,12 @@ def _execute(args: argparse.Namespace, *, procs: _Processes, count: int, tmp: Pa
         time.sleep(args.kill_peer_at)
         killed_at = time.time()
         _signal_group(workers[victim], signal.SIGKILL)
+    elif args.kill_peer_mid_op:
+        line = _collect(lines, "KILLED", expected={victim}, deadline=deadline, procs=procs)[victim]
+        killed_at = float(line.split()[1])
+        status = workers[victim].wait(max(1.0, deadline - time.monotonic()))
+        if status != -signal.SIGKILL:
+            raise RuntimeError(f"peer-{victim} was to die by SIGKILL mid-operation, but exited with {status}")
     survivors = set(range(args.peers)) - ({victim} if killed_at else set())
     reports = _collect(lines, "{", expected=survivors, deadline=deadline, procs=procs)
     return _summarise(
@@ -261,7 +290,7 @@ def _collect(
 def _summarise(
     args: argparse.Namespace, *, reports: list[dict[str, Any]], count: int, killed_at: float | None
 ) -> dict[str, Any]:
-    nbytes = count * {"float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}[args.dtype]
+    nbytes = count * ITEMSIZE[args.dtype]
     world = min(int(r["world_size"]) for r in reports)
     per_iter = [max(times) for times in zip(*(r["times"] for r in reports), strict=False)]
     seconds = statistics.median(per_iter)

@@ -6,26 +6,43 @@ check against a reference computed independently (numpy, float64 accumulation ov
 member's regenerated data, block by block so memory stays bounded).
 
 Output protocol on stdout: the line ``READY`` after the warm-up operation, then one JSON object
-with the measurements. Logs go to stderr.
+with the measurements. Logs go to stderr. With ``--die-mid-op`` the peer instead starts one
+all-reduce and, the moment it combines its first received segment (so the operation is
+provably in flight on every peer), prints ``KILLED <unix time>`` and SIGKILLs itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 from typing import Any
 
 import numpy as np
 
+from ringseed.collective import ops
+
 BLOCK = 1 << 20
-FLOAT_EPS = {"float16": 2.0**-10, "float32": 2.0**-23, "float64": 2.0**-52}
+FLOAT_EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
+BF16 = "bfloat16"  # numpy has none: held as uint16 bit patterns (``ops.f32_to_bf16``)
+
+
+def storage(dtype: str) -> np.dtype[Any]:
+    """The numpy dtype that holds ``dtype`` elements."""
+    return np.dtype(np.uint16 if dtype == BF16 else dtype)
+
+
+def values(array: np.ndarray, dtype: str) -> np.ndarray:
+    """The elements of ``array`` (storage of ``dtype``) as numbers numpy can compute with."""
+    return ops.bf16_to_f32(array) if dtype == BF16 else array
 
 
 def generate(*, index: int, count: int, dtype: str, op: str, seed: int = 20240607) -> np.ndarray:
     """Peer ``index``'s input: the same bytes for the same arguments, on any machine."""
-    out = np.empty(count, dtype=dtype)
+    out = np.empty(count, dtype=np.float32 if dtype == BF16 else dtype)
     for start in range(0, count, BLOCK):
         rng = np.random.default_rng([seed, index, start // BLOCK])
         n = min(BLOCK, count - start)
@@ -33,13 +50,14 @@ def generate(*, index: int, count: int, dtype: str, op: str, seed: int = 2024060
             out[start : start + n] = rng.integers(1, 4, n) if op == "prod" else rng.integers(-100, 100, n)
         else:
             out[start : start + n] = rng.uniform(0.5, 1.5, n) if op == "prod" else rng.uniform(-1.0, 1.0, n)
-    return out
+    return ops.f32_to_bf16(out) if dtype == BF16 else out
 
 
 def reference_error(result: np.ndarray, *, members: list[int], dtype: str, op: str) -> float:
     """Max |result - reference| where the reference reduces every member's data in float64."""
     worst = 0.0
-    inputs = [generate(index=m, count=len(result), dtype=dtype, op=op) for m in members]
+    inputs = [values(generate(index=m, count=len(result), dtype=dtype, op=op), dtype) for m in members]
+    result = values(result, dtype)
     for start in range(0, len(result), BLOCK):
         blocks = [a[start : start + BLOCK] for a in inputs]
         if np.issubdtype(result.dtype, np.integer):
@@ -89,7 +107,7 @@ def _emit(line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ringseed.collective import communicator, ops, retry
+    from ringseed.collective import communicator, retry
 
     args = _parser().parse_args(argv)
     with open(args.token_file, encoding="utf-8") as f:
@@ -100,8 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         data = generate(index=args.index, count=args.count, dtype=args.dtype, op=args.op)
         work = data.copy()
         op = ops.ReduceOp(args.op)
-        comm.all_reduce(np.ones(16, dtype=args.dtype), op=ops.ReduceOp.MAX).wait()  # warm-up: ring up
+        bf16 = args.dtype == BF16
+        comm.all_reduce(np.zeros(16, dtype=storage(args.dtype)), op=ops.ReduceOp.MAX, bfloat16=bf16).wait()  # ring up
         _emit("READY")
+        if args.die_mid_op:
+            return _die_mid_op(comm, work, op, args)
         report: dict[str, Any] = {}
         if args.until_shrunk:
             report = _run_kill(comm, data, work, op, args, retry)
@@ -117,6 +138,28 @@ def main(argv: list[str] | None = None) -> int:
         comm.close()
 
 
+class _SigkillOnFirstCombine:
+    """A reducer that kills its own process with SIGKILL on its first combine: the death lands
+    inside an operation whatever the machine's load (a timer can land between two operations)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def combine(self, *, start: int, stop: int, src: np.ndarray, op: Any) -> None:
+        _emit(f"KILLED {time.time()}")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def divide(self, *, start: int, stop: int, divisor: int) -> None:
+        raise AssertionError("unreachable: the process died at its first combine")
+
+
+def _die_mid_op(comm: Any, work: np.ndarray, op: Any, args: argparse.Namespace) -> int:
+    dying = _SigkillOnFirstCombine(work)
+    comm.all_reduce(work, op=op, quantize=args.quantize, bfloat16=args.dtype == BF16, reducer=dying).wait()
+    print("--die-mid-op: the all-reduce completed without combining a segment (a buffer too small for the ring?)")
+    return 1
+
+
 def _members(comm: Any) -> list[int]:
     return [int(p.rsplit("-", 1)[1]) for p in comm.ring]
 
@@ -126,7 +169,7 @@ def _run_timed(comm: Any, data: np.ndarray, work: np.ndarray, op: Any, args: arg
     for _ in range(args.iters):
         np.copyto(work, data)
         start = time.perf_counter()
-        comm.all_reduce(work, op=op, quantize=args.quantize).wait()
+        comm.all_reduce(work, op=op, quantize=args.quantize, bfloat16=args.dtype == BF16).wait()
         times.append(time.perf_counter() - start)
     return {"times": times}
 
@@ -146,7 +189,7 @@ def _run_kill(
     while time.monotonic() < deadline:
         np.copyto(work, data)
         world = retry.all_reduce_with_retry(
-            comm, work, op=op, quantize=args.quantize, max_attempts=20, on_abort=on_abort
+            comm, work, op=op, quantize=args.quantize, bfloat16=args.dtype == BF16, max_attempts=20, on_abort=on_abort
         )
         if world < args.until_shrunk:
             return {"done_at": time.time(), "abort_times": aborts, "restored": restored}
@@ -165,6 +208,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--until-shrunk", type=int, default=0, help="loop until the world is smaller than this")
     p.add_argument("--max-seconds", type=float, default=120.0)
+    p.add_argument("--die-mid-op", action="store_true", help="SIGKILL this peer inside its first all-reduce")
     return p
 
 

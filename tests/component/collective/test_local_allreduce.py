@@ -18,6 +18,7 @@ def _run(cmd: list[str], *args: str, timeout: float = 240) -> subprocess.Complet
         (3, "float32", "sum", []),
         (2, "int32", "max", []),
         (4, "float32", "avg", ["--quantize", "int8"]),
+        (3, "bfloat16", "avg", []),
     ],
 )
 def test_result_matches_the_reference(
@@ -65,6 +66,7 @@ def test_human_output_names_bandwidths(ringseed_cmd: list[str]) -> None:
         ["--peers", "0"],
         ["--dtype", "int32", "--quantize", "int8"],
         ["--peers", "1", "--kill-peer-at", "1"],
+        ["--peers", "2", "--size", "64Ki", "--kill-peer-mid-op"],  # the small path combines no segments
     ],
 )
 def test_impossible_arguments_exit_2(ringseed_cmd: list[str], args: list[str]) -> None:

@@ -16,7 +16,9 @@ Endpoints (every POST body names ``peer_id``; ``wait`` is how long the call may 
 - ``POST /v1/collective/end {peer_id, tag, ok, reason}``: held until the verdict ->
   ``{verdict: "complete"|"abort"|null, reason, epoch}``.
 - ``POST /v1/leave {peer_id}``: a clean exit, handled like a removal.
-- ``GET /v1/topology``, ``GET /v1/status`` (contract: "Master status"), ``GET /metrics``.
+- ``GET /v1/topology``, ``GET /v1/status`` (contract: "Master status": membership's view plus
+  ``held_heartbeats``, the peers whose heartbeat is held now, i.e. whose death is noticed at
+  once), ``GET /metrics``.
 
 Failure detector: a peer whose last request (its last sign of life) is older than
 ``heartbeat_timeout`` is removed by a background task that wakes at the earliest such deadline
@@ -33,6 +35,7 @@ socket timeout. Long polls use one asyncio event that is replaced on every state
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -72,6 +75,7 @@ class Coordinator:
         self.group = membership.Membership(min_peers=min_peers, optimize_topology=optimize_topology)
         self.metrics = web.Metrics()
         self._changed = asyncio.Event()
+        self.held: collections.Counter[str] = collections.Counter()  # peer id -> heartbeats held now
         self.metrics.declare("coordinator_peers_removed_total", "counter", "peers removed by the failure detector")
         self.metrics.declare("coordinator_aborts_total", "counter", "collective tags that got the abort verdict")
 

@@ -123,11 +123,17 @@ def heartbeat(get: Get) -> Handler:
         peer_id = _peer_id(body)
         seq = web.integer(body, "abort_seq", low=0, high=MAX_U63, default=0)
         info = c.group.heartbeat(peer_id=peer_id, now=c.clock())
-        await c.wait_for(
-            lambda: c.group.aborts_since(seq) or None,
-            wait=min(_wait(body), c.interval),
-            connected=lambda: _connected(request),
-        )
+        c.held[peer_id] += 1
+        try:
+            await c.wait_for(
+                lambda: c.group.aborts_since(seq) or None,
+                wait=min(_wait(body), c.interval),
+                connected=lambda: _connected(request),
+            )
+        finally:
+            c.held[peer_id] -= 1
+            if c.held[peer_id] <= 0:
+                del c.held[peer_id]
         if not _connected(request):  # the peer hung up a held heartbeat: its process is gone
             c.lost(peer_id, reason="its heartbeat connection closed (process gone)")
             raise web.problem(410, "removed", f"peer {peer_id!r} closed its heartbeat connection")
@@ -226,6 +232,7 @@ def topology(get: Get) -> Handler:
 
 def status(get: Get) -> Handler:
     async def handler(request: aioweb.Request) -> aioweb.Response:
-        return aioweb.json_response(get().group.status())
+        c = get()
+        return aioweb.json_response({**c.group.status(), "held_heartbeats": sorted(c.held)})
 
     return handler

@@ -358,6 +358,16 @@ class Membership:
             "phase": self.phase.value,
             "epoch": self.epoch,
             "pending_peers": self.pending(),
+            "collectives": [
+                {
+                    "tag": op.tag,
+                    "op": op.op,
+                    "stage": OpStage.VOTE_COMPLETE.value if op.ended_ok else OpStage.PERFORMING.value,
+                    "waiting_for": sorted(op.participants - op.ended_ok),
+                }
+                for op in self._ops.values()
+                if op.decision is None
+            ],
         }
 
 

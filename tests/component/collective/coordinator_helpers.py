@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -29,6 +30,21 @@ def running_coordinator(
     )
     with served.in_thread(app) as url:
         yield url
+
+
+def wait_for_status(url: str, check: Callable[[dict[str, Any]], bool], *, within: float = 30.0) -> dict[str, Any]:
+    """Poll the coordinator's ``GET /v1/status`` until ``check`` holds; AssertionError after ``within`` s."""
+    client = control.Client(url=url, token=TOKEN)
+    deadline = time.monotonic() + within
+    try:
+        while True:
+            status = client.call("GET", "/v1/status")
+            if check(status):
+                return status
+            assert time.monotonic() < deadline, f"coordinator status never satisfied the check: {status}"
+            time.sleep(0.01)  # a poll interval, not a guess at how long something takes
+    finally:
+        client.close()
 
 
 def make_peer(url: str, name: str) -> communicator.Communicator:

@@ -103,6 +103,7 @@ def test_peer_dying_before_its_end_vote_aborts_at_once_not_after_the_heartbeat_t
     but never reported its end, so the survivors wait for its vote. Its process closes its held
     heartbeat connection as it dies; the coordinator takes that as death, so the survivors' calls
     abort in milliseconds instead of after the heartbeat timeout (checked well below it)."""
+    import concurrent.futures
     import json
     import socket
     import threading
@@ -124,8 +125,11 @@ def test_peer_dying_before_its_end_vote_aborts_at_once_not_after_the_heartbeat_t
             h.on_each(comms, lambda i, c: c.connect(timeout=30))
             ghost_done = threading.Event()
 
+            begun_tag: concurrent.futures.Future[int] = concurrent.futures.Future()
+
             def ghost_reduces_but_never_ends() -> None:
                 begun = h.ghost_enters_ring(ghost, ghost_engine, nbytes=4096 * 8)
+                begun_tag.set_result(begun["tag"])
                 ghost_engine.all_reduce(np.full(4096, 100.0), op=engine.ReduceOp.SUM, tag=begun["tag"])
                 ghost_done.set()
 
@@ -135,7 +139,9 @@ def test_peer_dying_before_its_end_vote_aborts_at_once_not_after_the_heartbeat_t
             before = [a.copy() for a in arrays]
             works = [c.all_reduce(a) for c, a in zip(comms, arrays, strict=True)]
             assert ghost_done.wait(30)
-            time.sleep(0.3)  # the survivors now wait for the ghost's end vote
+            tag = begun_tag.result(30)
+            # the coordinator now waits for the ghost's end vote only: the survivors reported theirs
+            h.wait_for_status(url, lambda s: {"tag": tag, "waiting_for": ["ghost"]} in _waits(s))
             assert not any(w.done() for w in works)
             parsed = urllib.parse.urlsplit(url)  # a held heartbeat, as a live peer always has one
             heartbeat.connect((parsed.hostname, parsed.port))
@@ -149,7 +155,7 @@ def test_peer_dying_before_its_end_vote_aborts_at_once_not_after_the_heartbeat_t
                 + b"\r\n\r\n"
                 + body
             )
-            time.sleep(0.2)
+            h.wait_for_status(url, lambda s: "ghost" in s["held_heartbeats"])  # the coordinator holds it
             died = time.monotonic()  # the ghost's process dies: the kernel closes all
             heartbeat.close()
             ghost_engine.close()
@@ -203,3 +209,7 @@ def test_set_ring_stops_waiting_on_abort_and_on_a_refused_connection() -> None:
     finally:
         a.close()
         b.close()
+
+
+def _waits(status: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"tag": c["tag"], "waiting_for": c["waiting_for"]} for c in status["collectives"]]

@@ -51,11 +51,15 @@ def test_complete_needs_every_participant() -> None:
     group.end(peer_id="p0", tag=tag, ok=True, now=2.0)
     group.end(peer_id="p1", tag=tag, ok=True, now=2.0)
     assert group.decision(tag) is None and group.stage(tag) is m.OpStage.VOTE_COMPLETE
+    assert group.status()["collectives"] == [
+        {"tag": tag, "op": "all_reduce", "stage": "VoteComplete", "waiting_for": ["p2"]}
+    ]
     group.end(peer_id="p2", tag=tag, ok=True, now=2.0)
     decision = group.decision(tag)
     assert decision is not None and decision.verdict is m.Verdict.COMPLETE
     assert group.phase is m.Phase.IDLE
     assert group.status()["last_all_reduce"]["bytes"] == 64
+    assert group.status()["collectives"] == []
 
 
 def test_one_failure_aborts_for_everybody_and_the_verdict_is_final() -> None:

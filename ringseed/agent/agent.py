@@ -36,6 +36,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ from ringseed.agent import (
     buffers,
     cache,
     chunks,
-    fetch,
+    driver,
     origins,
     peerclient,
     problems,
@@ -61,7 +62,7 @@ from ringseed.agent import (
     stream,
     tracker_client,
 )
-from ringseed.protocol import backoff, manifest, revision
+from ringseed.protocol import agentcore, agentsteps, backoff, manifest, revision
 
 log = logging.getLogger(__name__)
 MAX_ANNOUNCE = 4096
@@ -106,26 +107,20 @@ class Agent:
         self.store = store.Store(config.cache_dir / config.namespace / config.name, budget=config.ssd_bytes)
         self.memory = cache.MemoryTier(config.memory_bytes)
         self.model_dir = config.data_dir / config.namespace / config.name
-        # the copy this node holds: its revision, verified chunks, known hashes
+        # The decisions and the copy's state (held, hashes, missing, candidates, what the tracker
+        # said, announcements, downloads, origin duty) are the core's; this object drives it.
+        self.core = agentcore.AgentCore(
+            settings=agentcore.Settings(download_slots=config.download_slots, origin_depth=config.origin_depth)
+        )
+        self.jobs: dict[tuple[str, int], asyncio.Task[None]] = {}  # the core's jobs running (``driver``)
         self.revision: revision.Revision | None = None
         self.generation = 0
-        self.held: dict[int, str] = {}
-        self.hashes: dict[int, str] = {}
-        self.missing: set[int] = set()
-        self.candidates: set[int] = set()  # bytes kept from another revision, to check by hash
         self.prior: store.Prior | None = None
         self.prior_checked: set[int] = set()  # chunks of ``prior`` re-hashed fine (origin duty proofs)
-        self.availability: list[int] = []
-        # what the tracker said
         self.sync_state: dict[str, Any] = {"epoch": None, "since": None}  # the tracker's view we hold
-        self.tracker_revision: str | None = None
-        self.tracker_confirmed = False
-        self.origin_duty = False
-        self.pulling: set[int] = set()  # chunks the origin-duty agent is pulling now (streamable there)
         # origin duty
         self.inflight: dict[int, stream.Inflight] = {}  # ours, on origin duty
         self.origin: origins.Origin | None = None
-        self.source_changed = asyncio.Event()  # on duty: take the revision from the source again
         # serving and counters
         self.active_uploads = 0
         self.active_streams = 0
@@ -135,16 +130,11 @@ class Agent:
         self.origin_bytes = 0
         self.resumed_chunks = 0
         self.reused_chunks = 0
-        self.streamed_chunks = 0  # verified chunks received by cut-through from the origin puller
-        self.rejected_chunks = 0  # chunks received with a wrong hash (served or streamed)
-        # announcements and writes
-        self.announce: list[tuple[int, str | None, str | None]] = []  # (index, hash on duty, from whom)
-        self.dropped: list[int] = []  # to announce
+        # writes
         self.store_drops: list[int] = []  # to journal
         self.uncommitted: list[tuple[int, str]] = []
         self.pending_writes: dict[int, asyncio.Task[None]] = {}
         self.write_failures = 0
-        self.writes_paused = False
         self.write_backoff: backoff.Backoff[str] = backoff.Backoff(base=1.0, cap=30.0)
         # publishing and checks at rest
         self.verified_digest: str | None = None
@@ -152,8 +142,6 @@ class Agent:
         self.check = atrest.CheckState()
         self.problems = problems.Problems()
         self.heartbeat_interval = 1.0
-        self.avoid: dict[str, float] = {}
-        self.unreachable_in_a_row = 0
         self.url = ""
         self.metrics = web.Metrics()
         self.changed = asyncio.Event()
@@ -168,6 +156,49 @@ class Agent:
     @property
     def layout(self) -> manifest.Layout | None:
         return self.revision.layout if self.revision is not None else None
+
+    # The core's state, read-only here: it changes through the core's events only.
+
+    @property
+    def held(self) -> Mapping[int, str]:
+        return self.core.held
+
+    @property
+    def hashes(self) -> Mapping[int, str]:
+        return self.core.hashes
+
+    @property
+    def missing(self) -> Set[int]:
+        return self.core.missing
+
+    @property
+    def candidates(self) -> Set[int]:
+        """Chunks whose bytes were kept from another revision, to check by hash."""
+        return self.core.candidates
+
+    @property
+    def availability(self) -> Sequence[int]:
+        return self.core.availability
+
+    @property
+    def origin_duty(self) -> bool:
+        return self.core.duty
+
+    @property
+    def writes_paused(self) -> bool:
+        return self.core.writes_paused
+
+    @property
+    def tracker_revision(self) -> str | None:
+        return self.core.tracker_revision
+
+    @property
+    def tracker_confirmed(self) -> bool:
+        return self.core.confirmed
+
+    def perform(self, actions: list[agentsteps.Action]) -> None:
+        """Carry out actions the core returned from an event (``driver.perform``)."""
+        driver.perform(self, actions)
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -206,7 +237,7 @@ class Agent:
         await self._register_until_done(stop)
         loops = [self._sync_loop(), revisions.revision_loop(self), revisions.reuse_loop(self)]
         loops += [chunks.commit_loop(self), chunks.disk_loop(self), atrest.publish_loop(self), atrest.scrub_loop(self)]
-        loops += [fetch.download_loop(self), seeder.origin_loop(self)]
+        loops += [driver.core_loop(self)]
         tasks = [asyncio.create_task(c) for c in loops]
         stopper = asyncio.create_task(stop.wait())
         try:
@@ -216,9 +247,10 @@ class Agent:
                 for task in done - {stopper}:
                     task.result()  # a loop that failed stops the agent with its error
         finally:
-            for task in [*tasks, stopper]:
+            jobs = list(self.jobs.values())
+            for task in [*tasks, stopper, *jobs]:
                 task.cancel()
-            await asyncio.gather(*tasks, stopper, return_exceptions=True)
+            await asyncio.gather(*tasks, stopper, *jobs, return_exceptions=True)
             await atrest.stop_verify(self)
             await chunks.drain_writes(self)
             if self.revision is not None:
@@ -288,9 +320,8 @@ class Agent:
         )
         self.heartbeat_interval = float(reply.get("heartbeat_interval", 1.0))
         self.sync_state = {"epoch": reply.get("epoch"), "since": None}
-        self.announce.clear()
-        self.dropped.clear()
-        self.tracker_revision = reply.get("revision")
+        self.core.take_announcements(len(self.core.announce) + len(self.core.dropped))  # registered with all held
+        self.core.tracker_moved(reply.get("revision"))
         if rev is not None and self.tracker_revision == rev.id:
             for index in reply.get("rejected", []):
                 chunks.unhold(self, int(index))
@@ -319,8 +350,7 @@ class Agent:
     async def _heartbeat(self) -> None:
         # Taken out before the call: a chunk dropped meanwhile leaves the announcements still to
         # send (``chunks.drop``), and the tracker applies ``dropped`` before ``chunks``.
-        batch, self.announce = self.announce[:MAX_ANNOUNCE], self.announce[MAX_ANNOUNCE:]
-        drops, self.dropped = self.dropped[:MAX_ANNOUNCE], self.dropped[MAX_ANNOUNCE:]
+        batch, drops = self.core.take_announcements(MAX_ANNOUNCE)
         generation = self.generation
         body = dict(
             self.sync_state,
@@ -336,10 +366,9 @@ class Agent:
             reply = await self.tracker.heartbeat(body)
         except BaseException:
             if generation == self.generation:
-                self.announce[:0] = [a for a in batch if a[0] in self.held]
-                self.dropped[:0] = drops
+                self.core.announcements_failed(batch, drops)
             raise
-        if self.announce or self.dropped:
+        if self.core.announce or self.core.dropped:
             self.news.set()
         if generation != self.generation:  # moved to another revision meanwhile: this reply is stale
             self.news.set()
@@ -347,14 +376,15 @@ class Agent:
         self._absorb(reply)
 
     def _absorb(self, reply: dict[str, Any]) -> None:
-        gained = bool(reply.get("origin_duty")) and not self.origin_duty
-        self.origin_duty = bool(reply.get("origin_duty"))
-        if gained:  # a new duty holder checks the revision against the source first (revisions rules)
-            self.source_changed.set()
-            self.revision_news.set()
-        self.tracker_revision = reply.get("revision")
-        self.tracker_confirmed = bool(reply.get("revision_confirmed"))
-        ours = self.revision is not None and self.tracker_revision == self.revision.id
+        # a new duty holder checks the revision against the source first (revisions rules: Retake)
+        self.perform(
+            self.core.tracker_state(
+                revision=reply.get("revision"),
+                confirmed=bool(reply.get("revision_confirmed")),
+                duty=bool(reply.get("origin_duty")),
+            )
+        )
+        ours = self.core.ours
         if not ours or (self.origin_duty and not self.tracker_confirmed):
             self.revision_news.set()
         if not ours:
@@ -375,27 +405,22 @@ class Agent:
         if reply.get("epoch") == self.sync_state.get("epoch") and since is not None and version < since:
             return False
         self.sync_state = {"epoch": reply.get("epoch"), "since": version if version >= 0 else None}
-        for key, digest in reply.get("hashes", {}).items():
+        hashes = {int(key): str(digest) for key, digest in reply.get("hashes", {}).items()}
+        if hashes:
             self.hashes_news.set()
-            index = int(key)
-            if self.held.get(index, digest) != digest:
-                log.warning("Chunk %d held here does not match the tracker's hash; fetching again", index)
-                chunks.drop(self, index)
-            self.hashes[index] = digest
-        pulling = {int(i) for i in reply.get("pulling", [])}
+        for index in self.core.learn_hashes(hashes):
+            log.warning("Chunk %d held here does not match the tracker's hash; fetching again", index)
+            chunks.drop(self, index)
         if reply.get("availability") is not None:
-            self.availability = [int(n) for n in reply["availability"]]
+            self.core.set_availability([int(n) for n in reply["availability"]])
+        pulling = [int(i) for i in reply.get("pulling", [])]
         if reply.get("full"):
-            self.pulling = pulling
+            self.core.set_pulling(pulling)
         else:
-            self.pulling = (self.pulling | pulling) - {int(i) for i in reply.get("pulling_stopped", [])}
+            self.core.pulling_changed(started=pulling, stopped=[int(i) for i in reply.get("pulling_stopped", [])])
         if reply.get("avail"):
-            vector = list(self.availability)  # a new list: the download loop sees what grew
-            for level, indices in reply["avail"].items():
-                for index in indices:
-                    if 0 <= int(index) < len(vector):
-                        vector[int(index)] = int(level)
-            self.availability = vector
+            levels = {int(i): int(level) for level, indices in reply["avail"].items() for i in indices}
+            self.core.change_availability(levels)
         return True
 
     async def watch(self, chunks: list[int] | None, *, wait: float) -> None:
@@ -410,8 +435,7 @@ class Agent:
             self.news.set()  # the heartbeat re-registers if the tracker forgot us
             await asyncio.sleep(min(wait, 1.0))
             return
-        ours = self.revision is not None and self.tracker_revision == self.revision.id
-        if generation == self.generation and ours and self.absorb_view(reply):
+        if generation == self.generation and self.core.ours and self.absorb_view(reply):
             self.changed.set()
 
     def counters(self) -> dict[str, int]:
@@ -473,8 +497,8 @@ class Agent:
         m.set("agent_uploads_refused", self.refused_uploads)
         m.set("agent_memory_tier_bytes", self.memory.used)
         m.set("agent_complete", 1 if self.verified_digest else 0)
-        m.set("agent_chunks_streamed", self.streamed_chunks)
-        m.set("agent_chunks_rejected", self.rejected_chunks)
+        m.set("agent_chunks_streamed", self.core.streamed_chunks)
+        m.set("agent_chunks_rejected", self.core.rejected_chunks)
         m.set("agent_chunks_dropped", self.check.dropped)
         for reason in problems.SEVERITY:
             m.set("agent_problem", 1 if self.problems.active(reason) else 0, reason=reason)

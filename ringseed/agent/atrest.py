@@ -154,7 +154,7 @@ async def _recheck(agent: Agent, index: int) -> None:
             return
         if await check_chunk(agent, index) and agent.held.get(index) == expected and expected is not None:
             log.info("Chunk %d was reported bad by peers but checks out here; announcing it again", index)
-            agent.announce.append((index, None, None))
+            agent.core.reannounce(index)
             agent.news.set()
     finally:
         agent.check.suspects.discard(index)

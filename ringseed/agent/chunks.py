@@ -95,14 +95,11 @@ def hold(
     from_origin: bool,
     source: str | None = None,
 ) -> None:
-    """Mark a verified chunk held and announce it (``data`` goes to the memory tier if given)."""
-    agent.held[index] = digest
-    agent.hashes.setdefault(index, digest)
-    agent.missing.discard(index)
-    agent.candidates.discard(index)
+    """Mark a verified chunk held and announce it (``data`` goes to the memory tier if given);
+    other downloads of it stop."""
     if data is not None and index not in agent.memory.pinned:
         agent.memory.put(index, data)
-    agent.announce.append((index, digest if from_origin else None, source))
+    agent.perform(agent.core.held_chunk(index, digest, from_origin=from_origin, source=source))
     agent.news.set()
     agent.changed.set()
 
@@ -127,7 +124,7 @@ async def _write_behind(agent: Agent, index: int, data: cache.Data, digest: str,
 def write_failed(agent: Agent, exc: OSError) -> None:
     """A write to staging failed: pause fetching with DiskFull or WriteFailed."""
     agent.write_failures += 1
-    agent.writes_paused = True
+    agent.core.pause(True)
     if isinstance(exc, store.DiskFull) or exc.errno in (errno.ENOSPC, errno.EDQUOT):
         agent.problems.set(problems.DISK_FULL, f"staging is full, fetching paused: {exc.strerror or exc}")
     else:
@@ -159,15 +156,14 @@ async def disk_loop(agent: Agent) -> None:
         if agent.store.room_for(agent.layout.chunk_size) is not None:
             continue
         agent.problems.clear(problems.DISK_FULL)
-        agent.writes_paused = False
+        agent.core.pause(False)
         log.info("Staging has room again; fetching resumes")
         agent.changed.set()
 
 
 def unhold(agent: Agent, index: int) -> None:
     """Forget a held chunk here (missing again); the tracker is not told (see :func:`drop`)."""
-    if agent.held.pop(index, None) is not None:
-        agent.missing.add(index)
+    if agent.core.unheld(index):
         agent.memory.discard(index)
         agent.changed.set()
 
@@ -176,9 +172,9 @@ def drop(agent: Agent, index: int) -> None:
     """Stop holding ``index`` and tell the tracker; withdraw a published model it belonged to."""
     if index not in agent.held:
         return
-    unhold(agent, index)
-    agent.announce = [a for a in agent.announce if a[0] != index]
-    agent.dropped.append(index)
+    agent.core.dropped_chunk(index)
+    agent.memory.discard(index)
+    agent.changed.set()
     agent.uncommitted = [(i, h) for i, h in agent.uncommitted if i != index]
     agent.check.dropped += 1
     agent.news.set()

@@ -4,7 +4,7 @@ Rules (``ringseed.protocol.revision`` has the model):
 - The agent on origin duty takes the revision from the source (a listing with each file's
   size and tag, or the published manifest) and publishes it (``PUT /v1/manifest`` naming the
   revision it replaces) whenever the tracker's revision is unknown or unconfirmed (a fresh or
-  restarted master), it has just gained the duty, a read found the source changed (``source_changed``),
+  restarted master), it has just gained the duty, a read found the source changed (the core's ``source_stale``),
   or the source contradicts the published manifest (``SourceChanged``: a new manifest may come).
   Takes are spaced by a growing back-off while the source keeps changing, and failures (origin
   errors, a source that makes no model) are named problems retried with back-off.
@@ -52,22 +52,21 @@ async def adopt(agent: Agent, target: revision.Revision, *, hashes: Sequence[Any
     opened: store.Opened = await asyncio.to_thread(agent.store.open, target)
     known = {i: h for i, h in enumerate(hashes or []) if isinstance(h, str)}
     agent.revision = target
-    agent.hashes = dict(known)
-    agent.held = {i: h for i, h in opened.verified.items() if known.get(i, h) == h}
-    for index, digest in agent.held.items():
-        agent.hashes.setdefault(index, digest)
-    agent.missing = set(range(target.layout.chunk_count)) - set(agent.held)
-    agent.candidates = revision.reuse_candidates(target.layout, opened.kept) - set(agent.held)
+    held = {i: h for i, h in opened.verified.items() if known.get(i, h) == h}
+    agent.core.adopt(
+        layout=target.layout,
+        revision=target.id,
+        held=held,
+        hashes=known,
+        candidates=revision.reuse_candidates(target.layout, opened.kept),
+    )
     agent.prior = opened.prior
     agent.prior_checked = set()
     agent.resumed_chunks = len(agent.held)
     agent.memory.clear()
-    agent.announce.clear()
-    agent.dropped.clear()
     agent.uncommitted.clear()
     agent.store_drops.clear()
     agent.verified_digest = None
-    agent.availability, agent.pulling = [], set()
     agent.sync_state["since"] = None  # a snapshot of the new revision next
     seeder.pin_origin(agent)
     agent.problems.clear(problems.SOURCE_CHANGED)
@@ -85,7 +84,7 @@ async def adopt(agent: Agent, target: revision.Revision, *, hashes: Sequence[Any
 
 
 def _must_take(agent: Agent) -> bool:
-    stale = agent.source_changed.is_set() or agent.problems.active(problems.SOURCE_CHANGED)
+    stale = agent.core.source_stale or agent.problems.active(problems.SOURCE_CHANGED)
     return agent.origin_duty and (agent.tracker_revision is None or not agent.tracker_confirmed or stale)
 
 
@@ -127,7 +126,7 @@ async def _take(agent: Agent, takes: backoff.Backoff[str]) -> None:
 
 
 async def check_source(agent: Agent, checks: revision.SourceChecks) -> None:
-    """Compare the source with the distributed revision; another one is taken (``source_changed``)."""
+    """Compare the source with the distributed revision; another one is taken (the core's ``source_stale``)."""
     started = time.monotonic()
     try:
         current, _ = await from_source(agent)
@@ -140,7 +139,7 @@ async def check_source(agent: Agent, checks: revision.SourceChecks) -> None:
     checks.read(started)
     if current is None or current.id != agent.tracker_revision:
         log.info("The source no longer is revision %s; taking it again", str(agent.tracker_revision)[:16])
-        agent.source_changed.set()
+        agent.core.stale_source()
         agent.revision_news.set()
 
 
@@ -176,20 +175,19 @@ async def take_revision(agent: Agent) -> str | None:
         )
     except tracker_client.Refused as exc:
         if exc.status == 403:
-            agent.origin_duty = False
+            agent.core.tracker_state(revision=agent.tracker_revision, confirmed=agent.tracker_confirmed, duty=False)
             return None
         if exc.status != 409:
             raise
         log.info("Tracker refused revision %s: %s", taken.id[:16], exc)
         published = await agent.tracker.get_manifest()
         current = published.get("revision")
-        agent.tracker_revision = current.get("id") if isinstance(current, dict) else None
+        agent.core.tracker_moved(current.get("id") if isinstance(current, dict) else None)
         return None
     if taken.id != agent.tracker_revision:
         log.info("Took revision %s from the source (%d files)", taken.id[:16], len(taken.layout.files))
     agent.problems.clear(problems.ORIGIN_ERROR)
-    agent.tracker_revision, agent.tracker_confirmed = taken.id, True
-    agent.source_changed.clear()
+    agent.core.source_taken(revision=taken.id)
     agent.revision_news.set()
     return taken.id
 
@@ -202,7 +200,7 @@ async def follow(agent: Agent, target: str) -> None:
         return
     new = revision.Revision.from_dict(raw)
     if new.id != target:  # moved on again meanwhile; follow the newest
-        agent.tracker_revision = new.id
+        agent.core.tracker_moved(new.id)
     await adopt(agent, new, hashes=published.get("chunk_hashes"))
 
 
@@ -237,7 +235,7 @@ async def check_candidate(agent: Agent, index: int) -> bool:
     digest = await asyncio.to_thread(local_hash, agent.store, index)
     if generation != agent.generation:
         return False
-    agent.candidates.discard(index)
+    agent.core.candidate_done(index)
     if digest is not None and digest == agent.hashes.get(index) and index not in agent.held:
         agent.reused_chunks += 1
         chunks.hold(agent, index, None, digest=digest, from_origin=False)

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from aiohttp import web as aioweb
@@ -48,7 +48,9 @@ _INDEX = re.compile(r"[0-9]{1,10}")
 class ChunkSource(Protocol):
     """What the server needs from the agent."""
 
-    held: dict[int, str]
+    @property
+    def held(self) -> Mapping[int, str]: ...
+
     memory: cache.MemoryTier
     store: store.Store
     inflight: dict[int, stream.Inflight]

@@ -58,6 +58,10 @@ class Backoff(Generic[K]):
     def ready(self, key: K, *, now: float) -> bool:
         return self._until.get(key, 0.0) <= now
 
+    def until(self, key: K) -> float:
+        """When ``key`` may be tried again (0.0: now)."""
+        return self._until.get(key, 0.0)
+
     def failures(self, key: K) -> int:
         return self._failures.get(key, 0)
 

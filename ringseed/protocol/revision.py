@@ -29,10 +29,11 @@ Rules:
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import json
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,8 +84,8 @@ class Revision:
     def of_manifest(cls, published: manifest.Manifest) -> Revision:
         return cls(layout=published.layout, manifest_digest=published.digest)
 
-    @property
-    def id(self) -> str:
+    @functools.cached_property
+    def id(self) -> str:  # (computed once: the tracker asks on every heartbeat)
         if self.manifest_digest is not None:
             return self.manifest_digest
         body = {"layout": self.layout.to_dict(), "tags": list(self.tags)}
@@ -179,7 +180,7 @@ def unchanged_files(old: Revision, new: Revision) -> set[str]:
     return {path for path, (size, tag) in new.pins().items() if tag and before.get(path) == (size, tag)}
 
 
-def provable(new: manifest.Layout, index: int, *, candidates: set[int], unchanged: set[str]) -> bool:
+def provable(new: manifest.Layout, index: int, *, candidates: Set[int], unchanged: set[str]) -> bool:
     """Whether chunk ``index`` of ``new`` may be hashed from kept bytes instead of read from the origin."""
     return index in candidates and all(p.path in unchanged for p in new.pieces(index))
 

@@ -12,16 +12,20 @@ import sys
 from typing import Any
 
 from ringseed import cli
-from ringseed.agent import fetch
+from ringseed.protocol import agentcore
 
 
-def _always_fails(agent: Any, index: int, body: Any) -> bool:
+def _always_fails(core: Any, index: int, got: Any) -> bool:
     return False
 
 
+def _never_streams(core: Any, free: int, now: float) -> list[int]:
+    return []
+
+
 def main() -> int:
-    fetch._verified = _always_fails
-    fetch.MAX_STREAMS = 0
+    agentcore.AgentCore._verified = _always_fails  # type: ignore[method-assign]
+    agentcore.AgentCore._stream_picks = _never_streams  # type: ignore[method-assign]
     return cli.main(sys.argv[1:])
 
 

@@ -76,8 +76,8 @@ def _row(
 
 # Agent overheads seen on the testbed (bench.testbed_distribution's timeline): the first origin
 # chunks land about 0.3 s late (listing, publishing, claiming); a 64 MiB chunk is hashed and
-# stored in about 0.3 s on these cores; peers learn of new copies within a heartbeat (0.5 s).
-TESTBED_AGENTS = scenario.Agents(start_delay=0.3, process_delay=0.3, notify_delay=0.5)
+# stored in about 0.3 s on these cores.
+TESTBED_AGENTS = scenario.Agents(start_delay=0.3, process_delay=0.3)
 
 
 def calibration() -> list[scenario.Scenario]:
@@ -142,7 +142,7 @@ def main() -> int:
             rows.append(row)
             chunk = f"{config.chunk_bytes / MiB:.0f}MiB" if config.chunk_bytes < 10**9 else "1GB"
             if config.agents.process_delay:
-                row["note"] += " (agent delays: start 0.3 s, verify+store 0.3 s, heartbeat 0.5 s)"
+                row["note"] += " (agent delays: start 0.3 s, verify+store 0.3 s)"
             print(
                 f"{name:<12} {config.nodes:>6} {chunk:>9} {row['seconds']:>9.1f} {row['bound']:>9.1f} "
                 f"{row['ratio']:>6.3f} {row['failed']:>6} {row['wall']:>7.1f}  {row['note']}",

@@ -22,19 +22,16 @@ MiB = 1 << 20
 
 @dataclass(frozen=True)
 class Agents:
-    """How an agent behaves (mirrors the real agent's defaults; see ringseed/agent)."""
+    """The agent's settings (its defaults; see ringseed/agent) and the delays the simulation adds."""
 
     download_slots: int = 4
     upload_slots: int = 4
-    origin_slots: int = 1
-    peer_limit: int = 4
-    holder_sample: int = 16
-    notify_delay: float = 0.0
+    origin_slots: int = 1  # the agent's origin depth
     retry_after: float = 0.1
-    max_tries: int = 32
     process_delay: float = 0.0
     start_delay: float = 0.0
     offline_after: float = 10.0
+    heartbeat_interval: float = 1.0
     stream_slots: int = 8
 
 
@@ -53,6 +50,8 @@ class Scenario:
     agents: Agents = field(default_factory=Agents)
     prefix_chunks: int | None = None
     seed: int = 1
+    liars: int = 0  # nodes that serve corrupt bytes
+    bad_ram: int = 0  # nodes that receive every chunk corrupted (and so report honest peers)
 
     @property
     def chunks(self) -> int:
@@ -81,6 +80,10 @@ class Result:
     transfers: int
     wall_seconds: float
     p50_seconds: float
+    reports: int = 0  # bad chunks reported to the tracker
+    penalised_liars: int = 0
+    penalised_honest: int = 0
+    ticks: int = 0  # agent core ticks (the simulation's work)
 
     @property
     def ratio(self) -> float:

@@ -1,34 +1,34 @@
-"""The simulated swarm: agents that choose chunks and peers with ringseed's own protocol code.
+"""The simulated swarm: ringseed's own agent core and tracker, on simulated links and time.
 
-Owns the agents' behaviour on top of :mod:`ringseed.sim.flow`. Rules:
+Owns the simulated world around the real decision code: each node is a
+:class:`ringseed.protocol.agentcore.AgentCore` (chunk and holder choice, retries, avoid lists,
+streams, end game, origin duty, reports), the master is a :class:`ringseed.protocol.tracker.Tracker`
+(holdings, hashes, peers offered least loaded first, origin assignments, purge and duty
+hand-over, trust); this module only carries out their actions on :mod:`ringseed.sim.flow`'s
+links and feeds the results back, as the aiohttp agent and master do with sockets. Rules:
 
-- Chunk choice is :func:`ringseed.protocol.choice.rarest_first` over the chunks a node may
-  fetch (held somewhere, not held, not in flight), then :func:`~ringseed.protocol.choice.endgame`
-  once every missing chunk is in flight; peer choice is
-  :func:`~ringseed.protocol.choice.least_loaded` over the chunk's holders, as the tracker's
-  ``peers`` does (load = uploads in progress, at most ``peer_limit`` offered). Above
-  ``holder_sample`` holders the offer is made from that many holders drawn at random (a
-  tracker answering 10,000 names per request would not be cheaper either).
-- Origin duty follows the tracker: the earliest registered live node pulls, in index order,
-  the chunks nobody holds, ``origin_slots`` at a time, each once while a copy lives inside. The
-  next pull starts when a pull's last byte arrives (the agent hands the pipe on before hashing).
-- Cut-through (the agent's ``?stream=1``): while a chunk arrives from the origin, up to
-  ``stream_slots`` other nodes stream it from the puller, as many as keep up with the origin
-  rate on the puller's uplink (``node_up // origin_rate - 1``). In the fluid model they land
-  the chunk when its pull ends (plus ``process_delay``); they are drawn among live nodes with a
-  free download slot that lack the chunk. Not modelled: the streams' share of the puller's
-  uplink and the download slot each stream holds during the pull.
-- A node re-plans when one of its downloads ends. A chunk whose offered holders are all busy
-  (the agent's 429) is left alone for ``retry_after`` x U(0.5, 1.5) seconds and the next
-  rarest is tried at once, as the agent's download loop does; one planning round tries at
-  most ``max_tries`` chunks (one rarest-first ordering, not one call per failure). A node with free slots and
-  nothing it may fetch ("starved") re-plans when some chunk gets its first copy, after
-  ``notify_delay`` (the agent's heartbeat/availability latency). A received chunk is held,
-  announced and served ``process_delay`` after its last byte (hashing, storing, announcing;
-  its download slot stays taken until then); origin duty starts after ``start_delay``.
-- A failed node stops at once: its transfers are cut (receivers re-plan), its copies stop
-  counting; the tracker notices after ``offline_after`` and hands its origin duty on. Failure
-  times are drawn in ``fail_window`` x the bound of the simulated part (the prefix, if any).
+- Time: one heap of timers plus the network's completions; every event is handled at its time,
+  then every node it touched is ticked (``AgentCore.tick``) and its next wakeup
+  (``AgentCore.next_wakeup``) is scheduled. A node polls exactly as the agent does (busy holders:
+  a retry about ``retry_after`` later).
+- The tracker's answers are immediate (no request latency); announcements go to the tracker as
+  soon as a chunk is held (the agent's early heartbeat), and every live node heartbeats each
+  ``heartbeat_interval`` with its load, followed by the tracker's periodic pass (``purge``:
+  silent nodes dropped, duty handed on, trust judged). Nodes read availability and the chunks
+  being pulled from the tracker's live view (the long-poll of issue 11 part 3 brings news
+  without polling); a copy that appears makes the chunk ready at once for the nodes backing off
+  on it, and a new hash or copy wakes the nodes that had nothing to do.
+- Transfers: a :class:`~ringseed.protocol.agentsteps.Fetch` from a live holder with a free upload
+  slot (``upload_slots``) starts a transfer; a full holder answers 429, a dead one is
+  unreachable. A stream from the puller is admitted while the pull's streams keep up with the
+  origin on the puller's uplink (``node_up // origin_rate - 1``, at most ``stream_slots``); its
+  bytes arrive with the pull's last byte (not modelled: its share of the puller's uplink). A
+  stored chunk is held ``process_delay`` after its last byte (hashing, storing; the download
+  slot stays taken). Origin duty takes the source ``start_delay`` after it is gained.
+- Faults: a failed node stops at once (its transfers are cut: receivers see a broken body);
+  the tracker notices after ``offline_after``. A *liar* serves bytes that fail verification; a
+  *bad-RAM* node receives every chunk corrupted (and so reports honest holders): what the
+  tracker's trust rules make of their reports is the real tracker's.
 """
 
 from __future__ import annotations
@@ -38,9 +38,25 @@ import itertools
 import random
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
-from ringseed.protocol import choice
-from ringseed.sim import flow, scenario, state
+from ringseed.protocol import agentcore, agentsteps, manifest, tracker
+from ringseed.sim import flow, scenario
+
+TRUE_HASH = "{:064x}"  # chunk i's (a valid SHA-256 spelling; the tracker checks)
+BAD_HASH = "b" * 64
+
+
+@dataclass(eq=False)
+class _Flight:
+    """A job's transfer in progress (or a stream waiting on a pull)."""
+
+    node: int
+    job: int
+    index: int
+    sender: int
+    transfer: flow.Transfer | None = None
+    stream_of: flow.Transfer | None = None
 
 
 class Swarm:
@@ -51,44 +67,80 @@ class Swarm:
         self.agents = config.agents
         self.rng = random.Random(config.seed)
         count = config.simulated_chunks
-        sizes = [config.chunk_bytes] * count
+        total = config.chunk_bytes * count
         if config.prefix_chunks is None or config.prefix_chunks >= config.chunks:
-            sizes[-1] = config.model_bytes - config.chunk_bytes * (count - 1)
-        self.sizes = sizes
+            total = config.model_bytes
+        self.layout = manifest.Layout.build([("model", total, 0o644)], chunk_size=config.chunk_bytes)
+        self.sizes = [self.layout.chunk_length(i) for i in range(self.layout.chunk_count)]
         self.nodes = config.nodes
+        self.names = [str(n) for n in range(config.nodes)]
         self.origin = config.nodes  # the external source is endpoint N
         up = [config.node_up] * config.nodes + [config.origin_rate]
         down = [config.node_down] * config.nodes + [0.0]
         self.net = flow.Network(up=up, down=down)
-        self.held = state.Holdings(nodes=config.nodes, chunks=count)
-        self.inflight: list[dict[int, list[flow.Transfer]]] = [{} for _ in range(config.nodes)]
-        self.starved = state.RandomSet()
-        self.backoff: list[dict[int, float]] = [{} for _ in range(config.nodes)]
-        self.waiters: dict[int, state.RandomSet] = {}  # chunk -> nodes whose holders were all busy
-        self.done_at: list[float | None] = [None] * config.nodes
+        self.tracker = tracker.Tracker(epoch="sim", offline_after=self.agents.offline_after, now=0.0)
+        settings = agentcore.Settings(
+            download_slots=self.agents.download_slots,
+            origin_depth=self.agents.origin_slots,
+            retry_after=self.agents.retry_after,
+        )
+        self.cores = [agentcore.AgentCore(settings=settings, rng=random.Random(self.rng.random())) for _ in self.names]
         self.alive = [True] * config.nodes
-        self.duty: list[int] = [0] if config.nodes else []
-        self.assigned: dict[int, int] = {}
-        self.origin_bytes = 0
+        self.done_at: list[float | None] = [None] * config.nodes
+        self.pending = config.nodes
+        self.liars = set(self.rng.sample(range(1, config.nodes), min(config.liars, max(0, config.nodes - 1))))
+        rest = [n for n in range(1, config.nodes) if n not in self.liars]
+        self.bad_ram = set(self.rng.sample(rest, min(config.bad_ram, len(rest))))
+        self.pending -= len(self.bad_ram)  # they never verify a chunk: not waited for
+        self.flights: dict[tuple[int, int], _Flight] = {}  # (node, job) -> its transfer
+        self.by_transfer: dict[flow.Transfer, _Flight] = {}
+        self.streams: dict[flow.Transfer, list[_Flight]] = {}  # a pull -> streams riding on it
+        self.pulls: dict[int, flow.Transfer] = {}  # chunk -> its pull's transfer
+        self.pulling: set[int] = set()  # chunks assigned for a pull (the tracker's, as a live set)
+        self.hash_waits: dict[int, list[tuple[int, int]]] = {}  # chunk -> (node, job) awaiting its hash
+        self.backing_off: dict[int, set[int]] = {}  # chunk -> nodes whose last try of it found nobody
+        self.idle: set[int] = set()  # nodes with free slots and nothing they could start
+        self.parked: dict[int, set[int]] = {}  # chunk -> nodes waiting for a holder's free slot
+        self.parked_on: dict[int, tuple[float, list[int]]] = {}  # node -> (its wakeup, chunks)
+        self.duty: set[int] = set()
         self._timers: list[tuple[float, int, str, int, int]] = []
-        self.verifying = [0] * config.nodes
         self._seq = itertools.count()
-        self._woken: set[int] = set()
-        self.pending = config.nodes  # live nodes still missing chunks
-        self.streamed = 0  # chunk copies that arrived by cut-through
+        self._wake_at = [float("inf")] * config.nodes
+        self._dirty: set[int] = set()
+        self._stores: dict[tuple[int, int], agentsteps.Store] = {}  # (node, job) -> landing after process_delay
+        self.origin_bytes = 0
+        self.streamed = 0
+        self.reports = 0
+        self.ticks = 0
 
     # -- main loop -----------------------------------------------------------------------
 
     def run(self) -> scenario.Result:
         started = time.perf_counter()
-        self._schedule_failures()
-        self._at(self.agents.start_delay, "origin", 0)
-        for node in range(self.nodes):
-            self._plan(node)
+        self._start()
         for _ in self._events():
-            if self._finished():
+            self._settle()
+            if self.pending == 0:
                 break
         return self._result(time.perf_counter() - started)
+
+    def _start(self) -> None:
+        t = self.tracker
+        t.register(node=self.names[0], url="", session="s", now=0.0)
+        t.publish(node=self.names[0], layout=self.layout, hashes=None, now=0.0)
+        for name in self.names[1:]:
+            t.register(node=name, url="", session="s", now=0.0)
+        revision = t.revision
+        assert revision is not None
+        for _node, core in enumerate(self.cores):
+            core.adopt(layout=self.layout, revision=revision, held={}, hashes={})
+            core.share_view(availability=t.availability(), pulling=self.pulling)
+            core.tracker_state(revision=revision, confirmed=t.confirmed, duty=False)
+        self._duty_changed()
+        self._schedule_failures()
+        self._at(self.agents.heartbeat_interval, "pass", -1)
+        self._dirty.update(range(self.nodes))
+        self._settle()
 
     def _events(self) -> Iterator[None]:
         net, timers = self.net, self._timers
@@ -96,224 +148,352 @@ class Swarm:
             next_transfer = net.next_time()
             next_timer = timers[0][0] if timers else float("inf")
             if next_transfer == next_timer == float("inf"):
-                if not self._kick():
-                    return
-                continue
+                return
             if next_timer <= next_transfer:
-                when, _, kind, node, chunk = heapq.heappop(timers)
+                when, _, kind, node, arg = heapq.heappop(timers)
                 net.advance(when)
-                self._timer(kind, node, chunk)
+                self._timer(kind, node, arg)
             else:
                 self._completed(net.pop())
             yield None
 
-    def _kick(self) -> bool:
-        """Nothing in flight and no timer: every waiting node looks again (ends a stall)."""
-        stuck = self.starved.drain()
-        for waiting in self.waiters.values():
-            stuck += waiting.drain()
-        self.waiters.clear()
-        for node in stuck:
-            self._plan(node)
-        return bool(stuck) and (self.net.next_time() < float("inf") or bool(self._timers))
+    def _at(self, when: float, kind: str, node: int, arg: int = -1) -> None:
+        heapq.heappush(self._timers, (when, next(self._seq), kind, node, arg))
 
-    def _finished(self) -> bool:
-        return self.pending == 0
-
-    def _at(self, when: float, kind: str, node: int, chunk: int = -1) -> None:
-        heapq.heappush(self._timers, (when, next(self._seq), kind, node, chunk))
-
-    def _timer(self, kind: str, node: int, chunk: int) -> None:
-        if kind == "landed":
-            self.verifying[node] -= 1
-            self._landed(node, chunk)
-        elif kind == "origin":
-            self._origin_duty()
-        elif kind == "plan":
-            self._woken.discard(node)
-            self._plan(node)
+    def _timer(self, kind: str, node: int, arg: int) -> None:
+        if kind == "tick":
+            if self._wake_at[node] <= self.net.now:
+                self._wake_at[node] = float("inf")
+                self._dirty.add(node)
+        elif kind == "landed":
+            self._landed(node, arg)
+        elif kind == "hash_timeout":
+            self._hash_timeout(node, arg)
+        elif kind == "taken":
+            if self.alive[node] and node in self.duty:
+                revision = self.tracker.revision
+                assert revision is not None
+                self.cores[node].source_taken(revision=revision)
+                self._dirty.add(node)
+        elif kind == "pass":
+            self._pass()
         elif kind == "fail":
             self._fail(node)
-        elif kind == "purge":
-            self._purge(node)
 
-    # -- transfers -----------------------------------------------------------------------
-
-    def _completed(self, transfer: flow.Transfer) -> None:
-        """The last byte arrived: the sender's slot is free; the chunk lands after ``process_delay``."""
-        node, chunk = transfer.receiver, transfer.chunk
-        if transfer.sender == self.origin:
-            self._streamed(puller=node, chunk=chunk)
-        duplicates = self.inflight[node].get(chunk, [])
-        self.inflight[node][chunk] = []  # verifying: not asked for again, not yet held
-        for other in duplicates:
-            self.net.cancel(other)
-        for sender in {transfer.sender, *(t.sender for t in duplicates)}:
-            self._freed(sender)
-        if self.agents.process_delay > 0:
-            self.verifying[node] += 1
-            self._at(self.net.now + self.agents.process_delay, "landed", node, chunk)
-        else:
-            self._landed(node, chunk)
-
-    def _streamed(self, *, puller: int, chunk: int) -> None:
-        """The pull of ``chunk`` ends: its stream receivers end with it; the next pull starts now."""
-        agents = self.agents
-        fit = int(self.config.node_up // self.config.origin_rate) - 1 if self.config.origin_rate > 0 else 0
-        count = min(agents.stream_slots, fit)
-        chosen: list[int] = []
-        for node in self.rng.sample(range(self.nodes), min(self.nodes, 4 * count)) if count > 0 else []:
-            if len(chosen) >= count:
-                break
-            busy = len(self.net.downloads[node]) + self.verifying[node]
-            if (
-                node != puller
-                and self.alive[node]
-                and self.done_at[node] is None
-                and busy < agents.download_slots
-                and not self.held.has(node, chunk)
-                and chunk not in self.inflight[node]
-            ):
-                chosen.append(node)
-        for node in chosen:
-            self.inflight[node][chunk] = []  # verifying: not asked for again, not yet held
-            self.verifying[node] += 1
-            self._at(self.net.now + agents.process_delay, "landed", node, chunk)
-        self.streamed += len(chosen)
-        if puller in self.duty:
-            self._origin_duty()
-
-    def _landed(self, node: int, chunk: int) -> None:
-        """The chunk is verified and stored: held, announced, served; the agent plans again."""
-        self.inflight[node].pop(chunk, None)
-        if not self.alive[node]:
-            return
-        self.assigned.pop(chunk, None)
-        first = False
-        if not self.held.has(node, chunk):
-            self.backoff[node].pop(chunk, None)
-            first = self.held.add(node, chunk)
-            if self.held.complete(node):
-                self.done_at[node] = self.net.now
-                self.pending -= 1
-        if node in self.duty:
-            self._origin_duty()
-        self._plan(node)
-        if first:
-            self._wake(self.starved.drain())
-        self._freed(node)
-
-    def _start(self, *, sender: int, node: int, chunk: int) -> None:
-        transfer = self.net.start(sender=sender, receiver=node, chunk=chunk, size=self.sizes[chunk])
-        self.inflight[node].setdefault(chunk, []).append(transfer)
-        if sender == self.origin:
-            self.origin_bytes += self.sizes[chunk]
-
-    def _wake(self, nodes: list[int]) -> None:
-        when = self.net.now + self.agents.notify_delay
-        for node in nodes:
-            if node not in self._woken:
-                self._woken.add(node)
-                self._at(when, "plan", node)
-
-    # -- an agent's decisions ------------------------------------------------------------
-
-    def _plan(self, node: int) -> None:
-        """The agent's download loop: rarest first; a chunk whose holders are all busy backs off."""
-        if not self.alive[node] or self.done_at[node] is not None:
-            return
-        free = self.agents.download_slots - len(self.net.downloads[node]) - self.verifying[node]
-        if free <= 0:
-            return
-        now, backoff = self.net.now, self.backoff[node]
-        candidates = [c for c in self.held.candidates(node, busy=self.inflight[node]) if backoff.get(c, 0.0) <= now]
-        order = choice.rarest_first(
-            candidates=candidates, availability=self.held.avail, count=self.agents.max_tries, rng=self.rng
-        )
-        for chunk in order:
-            if not free:
-                break
-            if self._fetch(node, chunk, avoid=()):
-                free -= 1
+    def _settle(self) -> None:
+        """Tick every node an event touched; schedule each one's next wakeup."""
+        now = self.net.now
+        while self._dirty:
+            node = self._dirty.pop()
+            if not self.alive[node]:
+                continue
+            core = self.cores[node]
+            if node in self.parked_on:
+                self._unpark(node, schedule=False)
+            self.ticks += 1
+            self._perform(node, core.tick(now=now))
+            if node in self._dirty:
+                continue
+            if core.downloading < self.agents.download_slots and core.missing:
+                self.idle.add(node)
             else:
-                backoff[chunk] = now + self.agents.retry_after * self.rng.uniform(0.5, 1.5)
-                self.waiters.setdefault(chunk, state.RandomSet()).add(node)
-        if free:
-            free -= self._endgame(node, free)
-        self._park(node, free)
+                self.idle.discard(node)
+            wake = core.next_wakeup(now=now)
+            if wake < float("inf") and self._park(node, wake):
+                continue
+            self._schedule(node, wake)
 
-    def _park(self, node: int, free: int) -> None:
-        """A node with free slots waits: for a back-off to expire, or for a chunk's first copy."""
-        self.starved.discard(node)
-        if not free:
-            return
-        backoff, now = self.backoff[node], self.net.now
-        for chunk in [c for c, t in backoff.items() if t <= now]:
-            del backoff[chunk]
-        if not backoff and self.held.count[node] + len(self.inflight[node]) < len(self.sizes):
-            self.starved.add(node)
+    def _schedule(self, node: int, wake: float) -> None:
+        if wake < self._wake_at[node]:
+            self._wake_at[node] = wake
+            self._at(wake, "tick", node)
+
+    def _park(self, node: int, wake: float) -> bool:
+        """Instead of polling, wait for a holder of what it wants to free a slot (or a new copy).
+
+        Only when every chunk the node could fetch was just tried and found no free holder: then
+        its polls fail until a holder frees a slot, so it ticks then (at its back-off's end, or
+        later), the same outcome with far fewer events.
+        """
+        core = self.cores[node]
+        waiting = [i for i in core.wanted if i not in core.by_chunk]
+        if not waiting or any(node not in self.backing_off.get(i, ()) for i in waiting):
+            return False
+        self.parked_on[node] = (wake, waiting)
+        for index in waiting:
+            self.parked.setdefault(index, set()).add(node)
+        return True
+
+    def _unpark(self, node: int, *, schedule: bool = True) -> None:
+        wake, chunks = self.parked_on.pop(node)
+        for index in chunks:
+            nodes = self.parked.get(index)
+            if nodes is not None:
+                nodes.discard(node)
+                if not nodes:
+                    del self.parked[index]
+        if schedule:
+            self._schedule(node, max(self.net.now, wake))
 
     def _freed(self, holder: int) -> None:
-        """``holder`` has a free upload slot or a new copy: blocked nodes that want its chunks retry.
-
-        A blocked agent retries when its back-off ends; a retry can only succeed once a holder
-        of its chunk has a free slot, so the retry is scheduled then (at the back-off's end or
-        now, whichever is later) instead of polling: same outcome, far fewer events.
-        """
-        if holder >= self.nodes or not self.alive[holder]:
-            return
+        """``holder`` has free upload slots: as many nodes parked on its chunks retry."""
         free = self.agents.upload_slots - len(self.net.uploads[holder])
-        for chunk in [c for c in self.waiters if self.held.has(holder, c)]:
-            waiting = self.waiters[chunk]
-            while free > 0 and len(waiting):
-                (node,) = waiting.take(1, self.rng)
-                if self.alive[node] and not self.held.has(node, chunk):
-                    self._at(max(self.net.now, self.backoff[node].get(chunk, 0.0)), "plan", node)
-                    free -= 1
-            if not len(waiting):
-                del self.waiters[chunk]
+        if free <= 0 or not self.alive[holder]:
+            return
+        held = self.cores[holder].held
+        for index in [i for i in self.parked if i in held]:
+            nodes = self.parked.get(index, set())
+            while free > 0 and nodes:
+                self._unpark(next(iter(nodes)))
+                free -= 1
             if free <= 0:
                 return
 
-    def _fetch(self, node: int, chunk: int, *, avoid: tuple[str, ...]) -> bool:
-        offered = self._peers(node, chunk, avoid=avoid)
-        for holder in offered:
-            sender = int(holder.name)
-            if len(self.net.uploads[sender]) < self.agents.upload_slots:
-                self._start(sender=sender, node=node, chunk=chunk)
-                return True
-        return False
+    def _wake_idle(self) -> None:
+        for node in [n for n in self.idle if n in self.parked_on]:
+            self._unpark(node)
+        self._dirty.update(self.idle)
+        self.idle.clear()
 
-    def _peers(self, node: int, chunk: int, *, avoid: tuple[str, ...]) -> list[choice.Holder]:
-        """What the tracker's ``peers`` offers: least-loaded live holders, at most ``peer_limit``."""
-        names = self.held.sample_holders(chunk, limit=self.agents.holder_sample, alive=self.alive, rng=self.rng)
-        uploads, slots = self.net.uploads, self.agents.upload_slots
-        if all(len(uploads[h]) >= slots for h in names):
-            return []  # every offered holder would answer 429: skip building the offer
-        holders = [choice.Holder(name=str(h), url="", load=len(uploads[h])) for h in names if h != node]
-        return choice.least_loaded(holders, avoid=avoid, rng=self.rng)[: self.agents.peer_limit]
+    # -- carrying out a node's actions ---------------------------------------------------
 
-    def _endgame(self, node: int, free: int) -> int:
-        flying = self.inflight[node]
-        missing = len(self.sizes) - self.held.count[node]
-        if not flying or missing != len(flying):
-            return 0
-        counts = {chunk: len(transfers) for chunk, transfers in flying.items() if transfers}
-        started = 0
-        for chunk in choice.endgame(missing=list(counts), in_flight=counts, free_slots=free):
-            avoid = tuple(str(t.sender) for t in flying[chunk])
-            started += self._fetch(node, chunk, avoid=avoid)
-        return started
+    def _perform(self, node: int, actions: list[agentsteps.Action]) -> None:
+        queue = list(actions)
+        while queue:
+            queue.extend(self._act(node, queue.pop(0)))
 
-    # -- origin duty and failures --------------------------------------------------------
+    def _act(self, node: int, action: agentsteps.Action) -> list[agentsteps.Action]:
+        core, now, name = self.cores[node], self.net.now, self.names[node]
+        if isinstance(action, agentsteps.FindHolders):
+            holders = self.tracker.peers(chunk=action.index, node=name, now=now, rng=self.rng)
+            return self._job_step(node, action.job, action.index, core.holders(action.job, holders, now=now))
+        if isinstance(action, agentsteps.FindSource):
+            holders = self.tracker.peers(chunk=action.index, node=name, now=now, rng=self.rng)
+            source = self.tracker.stream_source(chunk=action.index, node=name, now=now)
+            return self._job_step(node, action.job, action.index, core.sources(action.job, holders, source, now=now))
+        if isinstance(action, agentsteps.Fetch):
+            return self._fetch(node, action)
+        if isinstance(action, agentsteps.AwaitHash):
+            self.hash_waits.setdefault(action.index, []).append((node, action.job))
+            self._at(action.until, "hash_timeout", node, action.job)
+            return []
+        if isinstance(action, agentsteps.Store):
+            self._at(now + self.agents.process_delay, "landed", node, action.job)
+            self._stores[(node, action.job)] = action
+            return []
+        if isinstance(action, agentsteps.Claim):
+            try:
+                claimed: list[int] | None = self.tracker.claim_origin(node=name, count=action.count, now=now)
+            except tracker.TrackerError:
+                claimed = None
+            self._sync_pulling()
+            return core.claimed(claimed, now=now)
+        if isinstance(action, agentsteps.Pull):
+            transfer = self.net.start(
+                sender=self.origin, receiver=node, chunk=action.index, size=self.sizes[action.index]
+            )
+            self.origin_bytes += self.sizes[action.index]
+            self._track(_Flight(node=node, job=action.job, index=action.index, sender=self.origin, transfer=transfer))
+            self.pulls[action.index] = transfer
+            self._wake_idle()  # a new chunk to stream
+            return []
+        if isinstance(action, agentsteps.Cancel):
+            self._cancel(node, action.job)
+            return []
+        if isinstance(action, agentsteps.Report):
+            self.reports += 1
+            self.tracker.report(reporter=name, peer=action.peer, chunk=action.index, now=now)
+            return []
+        if isinstance(action, agentsteps.Retake):
+            self._at(now + self.agents.start_delay, "taken", node)
+            return []
+        if isinstance(action, agentsteps.Reuse):
+            core.reused(action.job)
+        return []  # SetProblem, ClearProblem: the agent shows them; nothing to simulate
 
-    def _origin_duty(self) -> None:
-        for node in self.duty:
-            pulling = sum(1 for t in self.net.downloads[node] if t.sender == self.origin)
-            want = self.agents.origin_slots - pulling
-            for chunk in self.held.unheld(want, skip=self.assigned):
-                self.assigned[chunk] = node
-                self._start(sender=self.origin, node=node, chunk=chunk)
+    def _job_step(self, node: int, job: int, index: int, actions: list[agentsteps.Action]) -> list[agentsteps.Action]:
+        """Carry on; a job that ended without its chunk leaves the node backing off on it."""
+        if not any(getattr(a, "job", None) == job for a in actions) and index not in self.cores[node].held:
+            self.backing_off.setdefault(index, set()).add(node)
+        return actions
+
+    def _fetch(self, node: int, action: agentsteps.Fetch) -> list[agentsteps.Action]:
+        core, now = self.cores[node], self.net.now
+        sender = int(action.holder.name)
+        result: agentsteps.FetchResult | None = None
+        if not self.alive[sender]:
+            result = agentsteps.Unreachable("dead")
+        elif action.stream:
+            pull = self.pulls.get(action.index)
+            riders = self.streams.setdefault(pull, []) if pull is not None and pull.receiver == sender else None
+            if riders is None:
+                result = agentsteps.Refused(404)
+            elif len(riders) >= self._stream_fit():
+                result = agentsteps.Refused(429)
+            else:
+                flight = _Flight(node=node, job=action.job, index=action.index, sender=sender, stream_of=pull)
+                riders.append(flight)
+                self.flights[(node, action.job)] = flight
+                return []
+        elif len(self.net.uploads[sender]) >= self.agents.upload_slots:
+            result = agentsteps.Refused(429)
+        elif action.index not in self.cores[sender].held:
+            result = agentsteps.Refused(404)
+        else:
+            size = self.sizes[action.index]
+            transfer = self.net.start(sender=sender, receiver=node, chunk=action.index, size=size)
+            self._track(_Flight(node=node, job=action.job, index=action.index, sender=sender, transfer=transfer))
+            return []
+        return self._job_step(node, action.job, action.index, core.fetched(action.job, result, now=now))
+
+    def _stream_fit(self) -> int:
+        config = self.config
+        fit = int(config.node_up // config.origin_rate) - 1 if config.origin_rate > 0 else 0
+        return max(0, min(self.agents.stream_slots, fit))
+
+    def _track(self, flight: _Flight) -> None:
+        self.flights[(flight.node, flight.job)] = flight
+        if flight.transfer is not None:
+            self.by_transfer[flight.transfer] = flight
+
+    def _cancel(self, node: int, job: int) -> None:
+        flight = self.flights.pop((node, job), None)
+        if flight is None:
+            return
+        if flight.transfer is not None:
+            self.by_transfer.pop(flight.transfer, None)
+            self.net.cancel(flight.transfer)
+            if flight.sender < self.nodes:
+                self._dirty.add(flight.sender)
+                self._freed(flight.sender)
+        if flight.stream_of is not None:
+            riders = self.streams.get(flight.stream_of, [])
+            if flight in riders:
+                riders.remove(flight)
+
+    # -- transfers end, chunks land -------------------------------------------------------
+
+    def _completed(self, transfer: flow.Transfer) -> None:
+        flight = self.by_transfer.pop(transfer, None)
+        riders = self.streams.pop(transfer, [])
+        if flight is None:
+            return
+        self.flights.pop((flight.node, flight.job), None)
+        node, core, now = flight.node, self.cores[flight.node], self.net.now
+        if flight.sender == self.origin:
+            self.pulls.pop(flight.index, None)
+            core.pull_read(flight.job)
+            self._perform(node, core.pulled(flight.job, TRUE_HASH.format(flight.index), now=now))
+            for rider in riders:
+                self.flights.pop((rider.node, rider.job), None)
+                self.streamed += 1
+                self._got(rider, rider.node)
+        else:
+            self._dirty.add(flight.sender)  # an upload slot is free
+            self._freed(flight.sender)
+            self._got(flight, node)
+        self._dirty.add(node)
+
+    def _got(self, flight: _Flight, node: int) -> None:
+        corrupt = flight.sender in self.liars or node in self.bad_ram
+        digest = BAD_HASH if corrupt else TRUE_HASH.format(flight.index)
+        got = agentsteps.Got(length=self.sizes[flight.index], digest=digest)
+        actions = self.cores[node].fetched(flight.job, got, now=self.net.now)
+        self._perform(node, self._job_step(node, flight.job, flight.index, actions))
+        self._dirty.add(node)
+
+    def _landed(self, node: int, job: int) -> None:
+        store = self._stores.pop((node, job))
+        core, now = self.cores[node], self.net.now
+        if not self.alive[node]:
+            return
+        if store.index not in core.held and store.generation == core.generation:
+            self._perform(
+                node, core.held_chunk(store.index, store.digest, from_origin=store.from_origin, source=store.source)
+            )
+            self._announce(node)
+        self._perform(node, core.stored(job, now=now))
+        if not core.missing and self.done_at[node] is None:
+            self.done_at[node] = now
+            self.pending -= 1
+        self._dirty.add(node)
+
+    def _announce(self, node: int) -> None:
+        """The agent's early heartbeat: what it now holds goes to the tracker at once."""
+        core, now = self.cores[node], self.net.now
+        batch, drops = core.take_announcements(4096)
+        t = self.tracker
+        learned = len(t.hash_log)
+        t.heartbeat(
+            node=self.names[node],
+            now=now,
+            load=len(self.net.uploads[node]),
+            chunks=batch,
+            dropped=drops,
+            since=t.log.version,  # the node reads the live view: no changes to carry
+            epoch=t.epoch,
+        )
+        self._sync_pulling()
+        fresh = {i: h for i in t.hash_log[learned:] if (h := t.hashes[i]) is not None}
+        if fresh:
+            for other, peer_core in enumerate(self.cores):
+                if self.alive[other]:
+                    peer_core.learn_hashes(fresh)
+            for index in fresh:
+                for waiter, job in self.hash_waits.pop(index, []):
+                    self._perform(waiter, self.cores[waiter].hash_waited(job, now=now))
+                    self._dirty.add(waiter)
+            self._wake_idle()
+        for index, _, _ in batch:
+            for other in self.backing_off.pop(index, ()):
+                self.cores[other].availability_grew([index])
+        if batch:
+            self._freed(node)  # a new holder: nodes parked on what it holds retry now
+        if batch and any(t.availability()[i] == 1 for i, _, _ in batch):
+            self._wake_idle()
+
+    def _hash_timeout(self, node: int, job: int) -> None:
+        if self.alive[node]:
+            self._perform(node, self.cores[node].hash_waited(job, now=self.net.now))
+            self._dirty.add(node)
+
+    def _sync_pulling(self) -> None:
+        assigned = self.tracker.assigned
+        if assigned.keys() != self.pulling:
+            self.pulling.clear()
+            self.pulling.update(assigned)
+
+    # -- the tracker's periodic pass, duty, failures ------------------------------------
+
+    def _pass(self) -> None:
+        t, now = self.tracker, self.net.now
+        for node in range(self.nodes):
+            if self.alive[node]:
+                t.heartbeat(
+                    node=self.names[node],
+                    now=now,
+                    load=len(self.net.uploads[node]),
+                    since=t.log.version,
+                    epoch=t.epoch,
+                )
+        t.purge(now=now)
+        self._sync_pulling()
+        self._duty_changed()
+        overdue = [n for n, (wake, _) in self.parked_on.items() if wake < now - self.agents.offline_after]
+        for node in overdue:  # e.g. its only holders died: purged by now, so another answer comes
+            self._unpark(node)
+        if self.pending:
+            self._at(now + self.agents.heartbeat_interval, "pass", -1)
+
+    def _duty_changed(self) -> None:
+        t = self.tracker
+        duty = {int(n) for n in t.duty}
+        for node in duty ^ self.duty:
+            if self.alive[node]:
+                core = self.cores[node]
+                self._perform(node, core.tracker_state(revision=t.revision, confirmed=t.confirmed, duty=node in duty))
+                self._dirty.add(node)
+        self.duty = duty
 
     def fail_at(self, *, node: int, when: float) -> None:
         """Make ``node`` fail at time ``when`` (on top of the scenario's random failures)."""
@@ -336,40 +516,32 @@ class Swarm:
             self.fail_at(node=node, when=horizon * self.rng.uniform(low, high))
 
     def _fail(self, node: int) -> None:
-        self.alive[node] = False
-        if self.done_at[node] is None:
-            self.pending -= 1
-        self.starved.discard(node)
-        self.held.drop(node)
-        cut = self.net.uploads[node] + self.net.downloads[node]
-        for transfer in cut:
-            self.net.cancel(transfer)
-            self._forget(transfer)
-        for transfer in cut:
-            if transfer.receiver != node and transfer.receiver != self.origin:
-                self._plan(transfer.receiver)
-            self._freed(transfer.sender)
-        self._at(self.net.now + self.agents.offline_after, "purge", node)
-
-    def _forget(self, transfer: flow.Transfer) -> None:
-        if transfer.receiver >= self.nodes:
+        if not self.alive[node]:
             return
-        flying = self.inflight[transfer.receiver]
-        left = [t for t in flying.get(transfer.chunk, []) if t is not transfer]
-        if left:
-            flying[transfer.chunk] = left
-        else:
-            flying.pop(transfer.chunk, None)
+        self.alive[node] = False
+        if self.done_at[node] is None and node not in self.bad_ram:
+            self.pending -= 1
+        self.idle.discard(node)
+        if node in self.parked_on:
+            self._unpark(node)
+        for transfer in self.net.uploads[node] + self.net.downloads[node]:
+            flight = self.by_transfer.pop(transfer, None)
+            self.net.cancel(transfer)
+            riders = self.streams.pop(transfer, [])
+            if flight is not None:
+                self.flights.pop((flight.node, flight.job), None)
+            if flight is not None and flight.node != node:
+                self._broken(flight)
+            for rider in riders:
+                self.flights.pop((rider.node, rider.job), None)
+                self._broken(rider)
+            if flight is not None and flight.sender == self.origin:
+                self.pulls.pop(flight.index, None)
 
-    def _purge(self, node: int) -> None:
-        """The tracker drops the silent node: its origin assignments and duty move on."""
-        self.assigned = {c: n for c, n in self.assigned.items() if n != node}
-        if node in self.duty:
-            self.duty.remove(node)
-            heir = next((n for n in range(self.nodes) if self.alive[n] and n not in self.duty), None)
-            if heir is not None:
-                self.duty.append(heir)
-        self._origin_duty()
+    def _broken(self, flight: _Flight) -> None:
+        actions = self.cores[flight.node].fetched(flight.job, agentsteps.Broken(0), now=self.net.now)
+        self._perform(flight.node, self._job_step(flight.node, flight.job, flight.index, actions))
+        self._dirty.add(flight.node)
 
     def _result(self, wall: float) -> scenario.Result:
         config = self.config
@@ -378,6 +550,7 @@ class Swarm:
         extra = config.chunks - config.simulated_chunks
         tail = extra * config.chunk_bytes / config.origin_rate if extra > 0 else 0.0
         finish.sort()
+        penalised = {int(n) for n in self.tracker.penalised}
         return scenario.Result(
             scenario=config,
             seconds=seconds + tail,
@@ -389,6 +562,10 @@ class Swarm:
             transfers=self.net.started,
             wall_seconds=wall,
             p50_seconds=(finish[len(finish) // 2] + tail) if finish else float("inf"),
+            reports=self.reports,
+            penalised_liars=len(penalised & self.liars),
+            penalised_honest=len(penalised - self.liars),
+            ticks=self.ticks,
         )
 
 

@@ -197,7 +197,10 @@ class Copies:
             meta = await reads.describe(path)
             if meta.get("version") != version:
                 return  # rewritten or deleted meanwhile: the next heartbeat says what is wanted
-            await asyncio.gather(*(reads.ensure(meta, i) for i in range(len(meta["chunks"]))))
+            missing = [i for i, (sha, _) in enumerate(meta["chunks"]) if not self.agent.store.has(sha)]
+            if not missing:
+                return  # done already; the master learns it from the next heartbeat
+            await asyncio.gather(*(reads.ensure(meta, i) for i in missing))
         except (ReadError, chunks.CorruptChunk) as exc:
             self.last_error = f"{path}: {exc}"
             log.warning("Copy of %s (version %d) failed, retried with the next heartbeat: %s", path, version, exc)

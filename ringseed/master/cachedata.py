@@ -158,7 +158,7 @@ class _DataApi:
         holders = master.nodes.holders_of(sha, exclude=node) if sha else []
         answer, sha, wait = self.state.flights.ask(
             source=source, revision=rev.id, chunk=chunk, chunk_count=rev.layout.chunk_count, node=node,
-            holders={h.name for h in holders}, now=time.monotonic(),
+            holders={h.name for h in holders}, online=master.nodes.nodes.keys(), now=time.monotonic(),
         )  # fmt: skip
         return aioweb.json_response(
             {"answer": answer.value, "sha256": sha, "holders": [[h.name, h.url] for h in holders], "wait": wait}

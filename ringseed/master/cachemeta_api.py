@@ -143,6 +143,7 @@ class _Api:
     async def register(self, request: aioweb.Request) -> aioweb.Response:
         body = await web.read_json(request)
         m = self.leader
+        self.data.current(m).flights.drop_claims(_name(body))  # a restarted agent reads nothing it claimed
         m.nodes.register(
             name=_name(body),
             url=web.field_of(body, "url", str),

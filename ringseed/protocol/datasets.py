@@ -13,16 +13,19 @@ Rules:
 - Cluster-wide single flight (:class:`Flights`, on the master): for chunk ``i`` of revision ``r``
   a node asking is told the holders (fetch from a peer, verify against the learned hash), or
   that another node is reading it from the source now (wait and ask again), or that it may read
-  it from the source itself (a claim, valid ``claim_seconds``). So a chunk is read from the
-  source once while a copy lives inside the cluster; a claim whose holder goes silent expires
-  and is handed to the next asker.
+  it from the source itself (a claim). So a chunk is read from the source once while a copy
+  lives inside the cluster. A claim stands while its node is online (a slow source read, say
+  16 chunks at once through a 100 Mbit/s link, takes as long as it takes: a fixed expiry had
+  other nodes read the same chunk again), and passes to the next asker when its node goes
+  silent or registers anew (a restarted agent forgot it), gives it up (the source failed), or
+  after ``claim_seconds`` (a cap against a read that never ends).
 - The learned hashes of a revision count as referenced (their chunks are not orphans).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from ringseed.protocol import cacheobjects, manifest
@@ -97,7 +100,7 @@ class _Revision:
 class Flights:
     """Learned hashes and source claims per (source, revision); soft state of the cache master."""
 
-    def __init__(self, *, claim_seconds: float = 30.0) -> None:
+    def __init__(self, *, claim_seconds: float = 600.0) -> None:
         self.claim_seconds = claim_seconds
         self.revisions: dict[tuple[str, str], _Revision] = {}
         self.order: dict[str, list[str]] = {}  # source -> revisions, oldest first
@@ -114,11 +117,21 @@ class Flights:
         return found
 
     def ask(
-        self, *, source: str, revision: str, chunk: int, chunk_count: int, node: str, holders: set[str], now: float
+        self,
+        *,
+        source: str,
+        revision: str,
+        chunk: int,
+        chunk_count: int,
+        node: str,
+        holders: set[str],
+        online: Collection[str],
+        now: float,
     ) -> tuple[Answer, str | None, float]:
         """What ``node`` should do for ``chunk``: ``(answer, hash or None, seconds to wait)``.
 
-        ``holders`` are the online nodes holding the chunk's learned hash (the caller looks them up).
+        ``holders`` are the online nodes holding the chunk's learned hash (the caller looks them up);
+        ``online``: the nodes that are online now (a claim of any other node is void).
         """
         state = self.known(source, revision, chunk_count=chunk_count)
         if not 0 <= chunk < state.chunk_count:
@@ -127,7 +140,7 @@ class Flights:
         if sha is not None and holders - {node}:
             return Answer.PEERS, sha, 0.0
         claim = state.claims.get(chunk)
-        if claim is not None and claim[0] != node and claim[1] > now:
+        if claim is not None and claim[0] != node and claim[1] > now and claim[0] in online:
             return Answer.WAIT, sha, min(POLL_SECONDS, claim[1] - now)
         state.claims[chunk] = (node, now + self.claim_seconds)
         return Answer.FETCH, sha, 0.0
@@ -148,6 +161,12 @@ class Flights:
         state = self.revisions.get((source, revision))
         if state is not None and state.claims.get(chunk, ("", 0.0))[0] == node:
             del state.claims[chunk]
+
+    def drop_claims(self, node: str) -> None:
+        """``node`` (re)registered: whatever it claimed before, it is not reading now."""
+        for state in self.revisions.values():
+            for chunk in [c for c, (owner, _) in state.claims.items() if owner == node]:
+                del state.claims[chunk]
 
     def hashes(self, source: str, revision: str) -> dict[int, str]:
         state = self.revisions.get((source, revision))

@@ -34,28 +34,39 @@ def test_small_files_are_slices_of_shared_chunks_in_listing_order() -> None:
 def test_one_node_reads_a_chunk_from_the_source_the_others_wait_then_fetch_from_it() -> None:
     flights = datasets.Flights(claim_seconds=10.0)
     ask = dict(source="imagenet", revision="r1", chunk=3, chunk_count=8)
-    assert flights.ask(**ask, node="a", holders=set(), now=0.0)[0] is datasets.Answer.FETCH
-    answer, _, wait = flights.ask(**ask, node="b", holders=set(), now=1.0)
+    assert flights.ask(**ask, node="a", holders=set(), online={"a", "b"}, now=0.0)[0] is datasets.Answer.FETCH
+    answer, _, wait = flights.ask(**ask, node="b", holders=set(), online={"a", "b"}, now=1.0)
     assert answer is datasets.Answer.WAIT and 0 < wait <= datasets.POLL_SECONDS
     assert flights.learned(source="imagenet", revision="r1", chunk=3, chunk_count=8, sha="ab" * 32, node="a")
-    assert flights.ask(**ask, node="b", holders={"a"}, now=2.0) == (datasets.Answer.PEERS, "ab" * 32, 0.0)
+    assert flights.ask(**ask, node="b", holders={"a"}, online={"a", "b"}, now=2.0) == (
+        datasets.Answer.PEERS,
+        "ab" * 32,
+        0.0,
+    )
     # a different hash for the same chunk is refused (the first learned one stands)
     assert not flights.learned(source="imagenet", revision="r1", chunk=3, chunk_count=8, sha="cd" * 32, node="b")
     assert flights.referenced() == {"ab" * 32}
 
 
-def test_a_claim_of_a_silent_node_expires_and_a_released_one_passes_on() -> None:
-    flights = datasets.Flights(claim_seconds=10.0)
+def test_a_claim_stands_while_its_node_is_online_and_passes_on_when_it_is_not() -> None:
+    flights = datasets.Flights(claim_seconds=600.0)
     ask = dict(source="s", revision="r", chunk=0, chunk_count=1)
-    flights.ask(**ask, node="a", holders=set(), now=0.0)
-    assert flights.ask(**ask, node="b", holders=set(), now=11.0)[0] is datasets.Answer.FETCH  # a's claim ran out
-    flights.release(source="s", revision="r", chunk=0, node="b")
-    assert flights.ask(**ask, node="c", holders=set(), now=12.0)[0] is datasets.Answer.FETCH
+    everyone = {"a", "b", "c"}
+    flights.ask(**ask, node="a", holders=set(), online=everyone, now=0.0)
+    # a slow source read: a's claim stands as long as a is online (nobody reads the chunk twice)
+    assert flights.ask(**ask, node="b", holders=set(), online=everyone, now=300.0)[0] is datasets.Answer.WAIT
+    assert flights.ask(**ask, node="b", holders=set(), online={"b", "c"}, now=301.0)[0] is datasets.Answer.FETCH
+    flights.release(source="s", revision="r", chunk=0, node="b")  # the source failed b
+    assert flights.ask(**ask, node="c", holders=set(), online=everyone, now=302.0)[0] is datasets.Answer.FETCH
+    flights.drop_claims("c")  # c's agent restarted and registered again: its claim is void
+    assert flights.ask(**ask, node="a", holders=set(), online=everyone, now=303.0)[0] is datasets.Answer.FETCH
+    # the cap: a claim that outlives claim_seconds passes on even though its node is online
+    assert flights.ask(**ask, node="b", holders=set(), online=everyone, now=904.0)[0] is datasets.Answer.FETCH
     # the only holder being the asker itself is no source
-    flights.learned(source="s", revision="r", chunk=0, chunk_count=1, sha="ab" * 32, node="c")
-    assert flights.ask(**ask, node="c", holders={"c"}, now=13.0)[0] is datasets.Answer.FETCH
+    flights.learned(source="s", revision="r", chunk=0, chunk_count=1, sha="ab" * 32, node="b")
+    assert flights.ask(**ask, node="b", holders={"b"}, online=everyone, now=905.0)[0] is datasets.Answer.FETCH
     with pytest.raises(IndexError):
-        flights.ask(source="s", revision="r", chunk=5, chunk_count=1, node="a", holders=set(), now=0.0)
+        flights.ask(source="s", revision="r", chunk=5, chunk_count=1, node="a", holders=set(), online=everyone, now=0.0)
 
 
 def test_old_revisions_are_forgotten_beyond_the_limit() -> None:

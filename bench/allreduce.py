@@ -19,6 +19,10 @@ checks its result against the known sum. Time per all-reduce is the slowest rank
 ``--sweep`` measures every size from 4 B to 256 MiB in one set of processes per backend
 (torch-ringseed, gloo and the bare engine) and prints time per call, busbw and the time ratio
 ringseed/Gloo (issue 14's targets: <= 1 up to 64 KiB, busbw >= Gloo's from 1 MiB).
+``--fifo-up-to BYTES`` (root) runs every thread of every rank at SCHED_FIFO while it measures
+sizes up to BYTES, for every backend alike: on a shared machine the other tenants' load otherwise
+decides the comparison (a rank waiting for a CPU behind a dozen others). Larger sizes run at
+normal priority (so a long run does not starve the machine's other users).
 - star: what a simple TCP transport does: every peer sends its whole buffer to rank 0, which
   sums and sends the result back to each peer (one thread per peer on rank 0).
 
@@ -58,7 +62,10 @@ MiB = 1 << 20
 
 
 def ringseed_rank(w: Worker) -> dict[int, list[float]]:
-    from ringseed.collective import engine
+    from ringseed.collective import engine, small
+
+    if os.environ.get("RINGSEED_BENCH_SMALL_BYTES"):  # --small-bytes: measure the crossover
+        small.SMALL_BYTES = int(os.environ["RINGSEED_BENCH_SMALL_BYTES"])
 
     eng = engine.RingEngine(peer_id=f"r{w.rank}", token="bench", host=w.host, io_timeout=120)
     try:
@@ -178,6 +185,7 @@ def _recv_into(conn: socket.socket, view: memoryview) -> None:
 def _timed(
     once: Callable[[], None], *, array: np.ndarray, world: int, iters: int, sync: Callable[[], Any]
 ) -> list[float]:
+    _fifo(array.nbytes <= int(os.environ.get("RINGSEED_BENCH_FIFO_UP_TO", "-1")))  # --fifo-up-to
     once()  # warm-up (connections, page faults)
     want = world * (world + 1) / 2
     if not np.all(array == want):
@@ -189,6 +197,14 @@ def _timed(
         once()
         times.append(time.perf_counter() - start)
     return times
+
+
+def _fifo(on: bool) -> None:
+    """Every thread of this process (the backend's own I/O threads too) to SCHED_FIFO, or back."""
+    policy, param = (os.SCHED_FIFO, os.sched_param(10)) if on else (os.SCHED_OTHER, os.sched_param(0))
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setscheduler(int(tid), policy, param)
 
 
 RUNNERS: dict[str, Callable[[Worker], dict[int, list[float]]]] = {
@@ -332,7 +348,24 @@ def main() -> int:
         help="latency/bandwidth curve from 4 B to 256 MiB (every size in one set of processes per backend), "
         "torch-ringseed vs gloo vs the bare engine; --peers picks N",
     )
+    parser.add_argument(
+        "--fifo-up-to",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="measure sizes up to BYTES with every rank's threads at SCHED_FIFO (root), all backends alike",
+    )
+    parser.add_argument(
+        "--small-bytes",
+        type=int,
+        default=None,
+        help="override collective.small.SMALL_BYTES in the bare engine's ranks (to measure the crossover)",
+    )
     args = parser.parse_args()
+    if args.small_bytes is not None:
+        os.environ["RINGSEED_BENCH_SMALL_BYTES"] = str(args.small_bytes)
+    if args.fifo_up_to is not None:
+        os.environ["RINGSEED_BENCH_FIFO_UP_TO"] = str(args.fifo_up_to)
     if args.sweep:
         return sweep(peers=[int(n) for n in args.peers.split(",")], backends=args.backends)
     sizes = [int(s) for s in (args.sizes or ("1,16" if args.quick else "1,4,16,64,256")).split(",")]
@@ -382,7 +415,9 @@ def sweep(*, peers: list[int], backends: str) -> int:
     plan = [(n, _sweep_iters(n)) for n in SWEEP]
     for world in peers:
         times = {b: measure_sizes(b, world=world, plan=plan) for b in names}
-        print(f"\nfloat32 SUM all-reduce, N={world}, loopback; time per call (median of the slowest rank), busbw")
+        up_to = int(os.environ.get("RINGSEED_BENCH_FIFO_UP_TO", "-1"))
+        fifo = f" (sizes <= {_size(up_to)} at SCHED_FIFO)" if up_to >= 0 else ""
+        print(f"\nfloat32 SUM all-reduce, N={world}, loopback{fifo}; time per call (median of the slowest rank), busbw")
         print(f"{'size':>9} " + " ".join(f"{b + ' us':>16} {'GB/s':>6}" for b in names) + "   ringseed/gloo")
         for nbytes, _ in plan:
             cells = []

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from ringseed.collective import engine
+from ringseed.collective import engine, small
 from tests.component.collective import _engine_ring
 
 Op = engine.ReduceOp
@@ -100,7 +100,8 @@ CASES = [
 @pytest.mark.parametrize(("op", "dtype"), CASES, ids=[f"{o.name}-{d}" for o, d in CASES])
 def test_all_reduce_every_op_dtype_and_awkward_size(peers: list[engine.RingEngine], op: Op, dtype: str) -> None:
     n = len(peers)
-    for length in (1, n - 1, 10007, 40009):  # one element, fewer than peers, primes on both sides of SMALL_BYTES
+    assert 10007 * 8 <= small.SMALL_BYTES < 131101  # for every dtype, one length on each path
+    for length in (1, n - 1, 10007, 131101):  # one element, fewer than peers, primes on both sides of SMALL_BYTES
         inputs = make_inputs(dtype, n=n, length=length, op=op, seed=length * 31 + n)
         check(run_all_reduce(peers, inputs, dtype=dtype, op=op), inputs, dtype=dtype, op=op)
 

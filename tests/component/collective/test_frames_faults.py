@@ -23,7 +23,7 @@ from ringseed.protocol import frames
 from tests.component.collective import _engine_ring
 
 TOKEN = _engine_ring.TOKEN
-LENGTH = 1 << 15  # float32, above small.SMALL_BYTES (the ring path); two peers: rank 0 first receives [0, LENGTH // 2)
+LENGTH = 1 << 16  # float32, above small.SMALL_BYTES (the ring path); two peers: rank 0 first receives [0, LENGTH // 2)
 SMALL_LENGTH = 256  # float32, the small-message path: one whole-buffer frame per step
 
 

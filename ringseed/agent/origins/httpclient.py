@@ -23,10 +23,12 @@ Rules:
   listings and HEADs are not counted). ``retries`` counts retried attempts. Data passes the
   origin's rate limiter as it arrives.
 - The body of a ``206`` over plain HTTP (no TLS, no rate limit) is received by a worker thread
-  straight into the caller's buffer (``recv_into`` with ``MSG_WAITALL``, a few MiB per system
+  straight into the caller's buffer (``recv_into`` with ``MSG_WAITALL``, 512 KiB per system
   call) instead of through aiohttp's stream reader (a ``bytes`` object per 256 KiB read, a copy
   of each into the buffer and a few Python calls per piece): what aiohttp already buffered is
   taken first, then its transport stops reading and the thread reads a duplicate of the socket.
+  Progress is reported per MiB landed, or per piece when a piece took 20 ms or more (a slow
+  link), so the streams that follow a pull's fill (``stream``) see it move as finely as before.
   Such a connection is closed afterwards, never reused (aiohttp did not see the body end).
   Faults keep their meaning: a reset, a timeout (``read_timeout`` without a byte) or a body
   that ends early is transient and resumes from the last byte received; cancelling the read
@@ -48,6 +50,7 @@ import os
 import re
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -62,7 +65,9 @@ Signer = Callable[[str, str, dict[str, str]], Awaitable[dict[str, str]]]
 T = TypeVar("T")
 
 _STEP = 256 << 10
-_PIECE = 2 << 20  # bytes per recv_into of a body read straight into the buffer
+_PIECE = 512 << 10  # bytes per recv_into (MSG_WAITALL) of a body read straight into the buffer
+_REPORT_BYTES = 1 << 20  # progress is reported per this many bytes landed (streams admit within 2 MiB)...
+_REPORT_S = 0.02  # ...or sooner when a piece took this long (a slow origin link)
 _READER_THREADS = 16  # bodies read by worker threads at once per client (more wait their turn)
 _READ_BUFFER = 1 << 20  # a response buffers up to twice this before reading pauses (aiohttp: 64 KiB)
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
@@ -560,7 +565,8 @@ def _receive(
         seconds = int(timeout)
         wait = struct.pack("ll", seconds, int((timeout - seconds) * 1e6))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, wait)
-        filled = 0
+        filled = reported = 0
+        last = time.monotonic()
         try:
             while filled < len(view):
                 end = min(len(view), filled + _PIECE)
@@ -571,7 +577,10 @@ def _receive(
                 if got == 0:
                     break
                 filled += got
-                landed(base_done + filled)
+                now = time.monotonic()
+                if filled - reported >= _REPORT_BYTES or now - last >= _REPORT_S:
+                    landed(base_done + filled)
+                    reported, last = filled, now
         finally:
             with contextlib.suppress(OSError):
                 sock.setblocking(False)

@@ -67,7 +67,7 @@ import random
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Container
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -224,9 +224,9 @@ def _chunk_map(raw: Any) -> dict[int, str]:
     return out
 
 
-def _announcements(body: dict[str, Any]) -> list[tracker.Announcement]:
-    """``chunks`` checked item by item (the hot path of a busy swarm: plain type checks, and each
-    distinct ``from`` name matched once per body)."""
+def _announcements(body: dict[str, Any], known: Container[str] = ()) -> list[tracker.Announcement]:
+    """``chunks`` checked item by item (the hot path of a busy swarm: plain type checks; each
+    distinct ``from`` name matched once per body, unless it is in ``known``: names checked before)."""
     out: list[tracker.Announcement] = []
     names: set[str] = set()
     for i, item in enumerate(_list(body, "chunks", "[index, hash|null, from?]")):
@@ -238,8 +238,9 @@ def _announcements(body: dict[str, Any]) -> list[tracker.Announcement]:
         if digest is not None:
             _hash(digest, f"chunks[{i}][1]")
         source = item[2] if len(item) == 3 else None
-        if source is not None and source not in names:
-            _node_or_null(source, f"chunks[{i}][2]")
+        if source is not None and (type(source) is not str or source not in names):
+            if type(source) is not str or source not in known:
+                _node_or_null(source, f"chunks[{i}][2]")
             names.add(source)
         out.append((index, digest, source))
     return out
@@ -419,7 +420,7 @@ class _Api:
             now=time.monotonic(),
             load=web.integer(body, "load", low=0, high=MAX_LOAD, default=0),
             counters=_counters(body),
-            chunks=_announcements(body),
+            chunks=_announcements(body, known=self.state.nodes),
             dropped=dropped,
             verified_digest=_hash(body.get("verified_digest"), "field 'verified_digest'"),
             since=_since(body),

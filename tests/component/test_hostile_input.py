@@ -192,6 +192,23 @@ def test_a_400_digit_counter_is_refused_and_metrics_stay_up(tracker_url: str) ->
         assert call(tracker_url, "GET", "/metrics")[0] == 200
 
 
+def test_announced_sources_are_checked_whether_known_or_not(tracker_url: str) -> None:
+    """Names the tracker knows skip the pattern match; anything else is matched (a list as a
+    name used to raise inside the set lookup), and a long integer is refused in a body whose
+    digests hold long runs of digits too."""
+    digest = "1" * 64
+    bad = ([0, None, ["node-a"]], [0, None, {"n": 1}], [0, None, "bad name"], [0, None, 7], [0, digest, "x" * 300])
+    for item in bad:
+        body = json.dumps({"node": "node-a", "chunks": [[0, None, "node-b"], item]}).encode()
+        status, answer = call(tracker_url, "POST", "/v1/heartbeat", body)
+        assert status == 400 and answer["error"] == "bad_field" and "chunks[1]" in answer["reason"], (item, answer)
+    body = json.dumps({"node": "node-a", "chunks": [[0, None, "node-b"], [1, None, "never-registered"]]}).encode()
+    assert call(tracker_url, "POST", "/v1/heartbeat", body)[0] == 200  # a well-formed name is fine
+    body = json.dumps({"node": "node-a", "chunks": [[10**21, digest, None]]}).encode()
+    status, answer = call(tracker_url, "POST", "/v1/heartbeat", body)
+    assert status == 400 and answer["error"] == "bad_json" and "digits" in answer["reason"], answer
+
+
 def test_problem_and_revision_reach_status_and_metrics(tracker_url: str) -> None:
     problem = {"reason": "DiskFull", "message": "staging\nhas   no space " + "x" * 1000}
     body = {"node": "node-b", "problem": problem, "revision": "abc123"}

@@ -21,7 +21,7 @@ Rules:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 SPARSE_MAX = 1024
 MAX_PROBES = 4096
@@ -78,19 +78,26 @@ class Holdings:
 
     def add(self, name: str, index: int) -> bool:
         """``name`` holds ``index`` now; False if it already did."""
-        have = self._have[name]
-        if have[index]:
-            return False
-        have[index] = 1
-        self._held[name] += 1
-        count = self._count[index] = self._count[index] + 1
-        listed = self._lists[index]
-        if listed is not None:
-            if count > SPARSE_MAX:
-                self._lists[index] = None
-            else:
-                listed.append(name)
-        return True
+        return bool(self.add_many(name, (index,)))
+
+    def add_many(self, name: str, indices: Iterable[int]) -> list[int]:
+        """:meth:`add` for each of ``indices``; returns those ``name`` did not hold before."""
+        have, count, lists = self._have[name], self._count, self._lists
+        added: list[int] = []
+        for index in indices:
+            if have[index]:
+                continue
+            have[index] = 1
+            added.append(index)
+            n = count[index] = count[index] + 1
+            listed = lists[index]
+            if listed is not None:
+                if n > SPARSE_MAX:
+                    lists[index] = None
+                else:
+                    listed.append(name)
+        self._held[name] += len(added)
+        return added
 
     def remove(self, name: str, index: int) -> bool:
         """``name`` no longer holds ``index``; False if it did not."""

@@ -81,7 +81,6 @@ Rules:
 
 from __future__ import annotations
 
-import bisect
 import enum
 import random
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -220,7 +219,6 @@ class Tracker:
         self.source: revisions.Revision | None = None
         self.confirmed = False
         self.hashes: list[str | None] = []
-        self.hash_log: list[int] = []
         self.holdings = holdings.Holdings()
         self.log = tracker_log.ChangeLog()
         self.watches = watches.Watches()
@@ -237,9 +235,8 @@ class Tracker:
         self.origin_bytes_gone = 0
         self._avail: list[int] = []
         self._level: list[int] = []
-        self._hash_versions: list[int] = []  # the log version at which each hash_log entry was learned
-        self._hashes_from = 0  # versions before this one knew another layout
         self._unheld_from = 0  # every chunk below is held or assigned
+        self._last_index, self._last_length = 0, 0  # the last chunk may be shorter
         self._digest: str | None = None
 
     # -- layout and hashes -------------------------------------------------------------
@@ -322,23 +319,20 @@ class Tracker:
             raise TrackerError(f"layout has {layout.chunk_count} chunks, more than {MAX_CHUNKS}: use bigger chunks")
         count = layout.chunk_count
         self.layout = layout
+        self._last_index, self._last_length = count - 1, layout.chunk_length(count - 1)
         self.source = source if source is not None else revisions.Revision(layout=layout)
         self.confirmed = False
         self.hashes = [None] * count
-        self.hash_log, self._hash_versions = [], []
         self._digest = None
         self.holdings.reset(count)
         self._avail, self._level = [0] * count, [0] * count
         self._unheld_from = 0
         self.log.restart(limit=max(1 << 16, 4 * count))
-        self._hashes_from = self.log.version
 
     def _learn_hash(self, index: int, digest: str) -> None:
         if self.hashes[index] is None:
             self.hashes[index] = digest
-            self.hash_log.append(index)
             self.log.add(tracker_log.HASH, index)
-            self._hash_versions.append(self.log.version)
 
     def _claim_hash(self, *, node: str, index: int, digest: str, restoring: bool) -> bool:
         known = self.hashes[index]
@@ -350,9 +344,18 @@ class Tracker:
         return True
 
     @property
+    def hash_log(self) -> list[int]:
+        """The chunks whose hash is known, in the order learned (read-only)."""
+        return self.log.all(tracker_log.HASH)
+
+    @property
+    def hashes_known(self) -> int:
+        return len(self.log.all(tracker_log.HASH))
+
+    @property
     def digest(self) -> str | None:
         """The manifest digest, once every chunk hash is known (computed once)."""
-        if self._digest is None and self.layout is not None and len(self.hash_log) == len(self.hashes):
+        if self._digest is None and self.layout is not None and self.hashes_known == len(self.hashes):
             hashes = tuple(h or "" for h in self.hashes)
             self._digest = manifest.Manifest(layout=self.layout, chunk_hashes=hashes).digest
         return self._digest
@@ -407,36 +410,51 @@ class Tracker:
         return state
 
     def _add_chunks(self, node: str, items: Iterable[Announcement], *, restoring: bool, now: float) -> list[int]:
-        state = self.nodes[node]
+        """The hot path of a busy swarm (every verified chunk of every node passes here once).
+
+        Each distinct source named in one call is one vouch (a node names the holders it fetched
+        from many times over; :mod:`ringseed.protocol.trust` counts distinct vouchers)."""
         rejected: list[int] = []
-        counted = node not in self.penalised
+        fresh: list[int] = []
+        hashes, holds = self.hashes, self.holdings.holds
+        vouched: set[str] = set()
         for item in items:
             index, digest = item[0], item[1]
-            if self.layout is None or not 0 <= index < len(self.hashes):
+            if self.layout is None or not 0 <= index < len(hashes):
                 rejected.append(index)
                 continue
             if digest is not None and not self._claim_hash(node=node, index=index, digest=digest, restoring=restoring):
                 rejected.append(index)
                 continue
-            if self.hashes[index] is None:
+            if hashes[index] is None:
                 rejected.append(index)
                 continue
             source = item[2] if len(item) > 2 else None
-            if source is not None and self.holdings.holds(source, index):
+            if source is not None and source not in vouched and holds(source, index):
+                vouched.add(source)
                 self.trust.vouch(fetcher=node, peer=source, now=now)
-            if self.holdings.add(node, index):
-                length = self.layout.chunk_length(index)
-                state.have_bytes += length
-                if self.pulls.complete(index, node=node, now=now, nbytes=length) is not None:
-                    self._pull_ended(index)
-                if counted:
-                    self._count(index, 1)
+            fresh.append(index)
+        if not fresh:
+            return rejected
+        added = self.holdings.add_many(node, fresh)
+        state, pulls = self.nodes[node], self.pulls
+        state.have_bytes += sum(map(self._length, added))
+        counted = node not in self.penalised
+        for index in added:
+            if index in pulls and pulls.complete(index, node=node, now=now, nbytes=self._length(index)) is not None:
+                self._pull_ended(index)
+            if counted:
+                self._count(index, 1)
         return rejected
+
+    def _length(self, index: int) -> int:
+        assert self.layout is not None
+        return self.layout.chunk_size if index < self._last_index else self._last_length
 
     def _remove_chunk(self, state: NodeState, index: int) -> bool:
         if self.layout is None or not 0 <= index < len(self.hashes) or not self.holdings.remove(state.name, index):
             return False
-        state.have_bytes -= self.layout.chunk_length(index)
+        state.have_bytes -= self._length(index)
         if state.name not in self.penalised:
             self._count(index, -1)
         return True
@@ -444,7 +462,10 @@ class Tracker:
     def _count(self, index: int, step: int) -> None:
         """One unpenalised holder more or less: the availability, its level, the log, the watches."""
         count = self._avail[index] = self._avail[index] + step
-        new = count if self.replies is tracker_log.Replies.FULL else tracker_log.level(count)
+        exact = self.replies is tracker_log.Replies.FULL
+        if not exact and count & (count - 1) and (count + 1) & count:
+            return  # neither at nor just below a power of two: the level did not move
+        new = count if exact else tracker_log.level(count)
         old = self._level[index]
         if new == old:
             return
@@ -537,33 +558,29 @@ class Tracker:
         told whether they changed or not: it heard nothing of them while it held them)."""
         version = self.log.version
         known = since if epoch == self.epoch else None
-        window = self.log.since(known) if known is not None else None
-        if window is not None and len(window) > max(64, len(self._avail)):
-            window = None  # the snapshot is the smaller answer
+        counts = self.log.since(tracker_log.AVAIL, known) if known is not None else None
+        pulls = self.log.since(tracker_log.PULL, known) if known is not None else None
         hashes = self._hashes_since(known, state.name)
-        if window is None:
+        if counts is None or pulls is None or len(counts) + len(pulls) > max(64, len(self._avail)):
+            # an unknown version, or the snapshot is the smaller answer
             return View(
                 version=version, full=True, availability=list(self._level), hashes=hashes, pulling=sorted(self.pulls)
             )
-        mine = self.holdings.have_of(state.name)
+        mine, level = self.holdings.have_of(state.name), self._level
         levels: dict[int, list[int]] = {}
+        for index in set(counts):
+            if not mine[index]:
+                levels.setdefault(level[index], []).append(index)
         pulling: list[int] = []
         stopped: list[int] = []
-        any_count = False
-        for entry in set(window):
-            kind, index = entry & 3, entry >> 2
-            if kind == tracker_log.AVAIL:
-                any_count = True
-                if not mine[index]:
-                    levels.setdefault(self._level[index], []).append(index)
-            elif kind == tracker_log.PULL:
-                (pulling if index in self.pulls else stopped).append(index)
+        for index in set(pulls):
+            (pulling if index in self.pulls else stopped).append(index)
         told = {i for listed in levels.values() for i in listed} if also else set()
         for index in also:
             if index not in told:
-                levels.setdefault(self._level[index], []).append(index)
+                levels.setdefault(level[index], []).append(index)
         if self.replies is tracker_log.Replies.FULL:
-            vector = list(self._avail) if any_count else None
+            vector = list(self._avail) if counts else None
             return View(
                 version=version,
                 availability=vector,
@@ -578,11 +595,12 @@ class Tracker:
         )
 
     def _hashes_since(self, since: int | None, node: str) -> dict[int, str]:
-        """Hashes learned after version ``since`` (all when None or older than the layout), of
-        chunks ``node`` does not hold."""
-        start = 0 if since is None or since < self._hashes_from else bisect.bisect_right(self._hash_versions, since)
-        mine = self.holdings.have_of(node)
-        return {i: self.hashes[i] or "" for i in self.hash_log[start:] if not mine[i]}
+        """Hashes learned after version ``since`` (all when None, older than the layout or
+        unknown), of chunks ``node`` does not hold."""
+        changed = self.log.since(tracker_log.HASH, since) if since is not None else None
+        learned = changed if changed is not None else self.log.all(tracker_log.HASH)
+        mine, hashes = self.holdings.have_of(node), self.hashes
+        return {i: hashes[i] or "" for i in learned if not mine[i]}
 
     # -- long-polls ----------------------------------------------------------------------
 
@@ -613,20 +631,22 @@ class Tracker:
 
     def _news(self, state: NodeState, chunks: Collection[int] | None, *, since: int | None, epoch: str | None) -> bool:
         """Whether something ``state`` may fetch or stream (of ``chunks``) changed after ``since``."""
-        window = self.log.since(since) if since is not None and epoch == self.epoch else None
-        if window is None:
+        if since is None or epoch != self.epoch:
             return True
         mine = self.holdings.have_of(state.name)
-        for entry in set(window):
-            kind, index = entry & 3, entry >> 2
-            if mine[index] or (chunks is not None and index not in chunks):
-                continue
-            if kind == tracker_log.HASH and chunks is not None:
+        for kind in (tracker_log.HASH, tracker_log.AVAIL, tracker_log.PULL):
+            changed = self.log.since(kind, since)
+            if changed is None:
                 return True
-            if kind == tracker_log.AVAIL and self._level[index] > 0:
-                return True
-            if kind == tracker_log.PULL and index in self.pulls:
-                return True
+            for index in set(changed):
+                if mine[index] or (chunks is not None and index not in chunks):
+                    continue
+                if kind == tracker_log.HASH and chunks is not None:
+                    return True
+                if kind == tracker_log.AVAIL and self._level[index] > 0:
+                    return True
+                if kind == tracker_log.PULL and index in self.pulls:
+                    return True
         return False
 
     # -- the periodic pass -----------------------------------------------------------------

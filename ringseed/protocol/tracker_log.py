@@ -18,12 +18,13 @@ Rules:
 - A node names the version it last absorbed (``since``); it gets a snapshot instead of the
   changes when that version is unknown (null, another epoch, older than the log's first entry
   or newer than the current version) or when more entries passed since than there are chunks
-  (the snapshot is then the smaller answer). The log keeps at most ``limit`` entries (the
-  oldest half goes when it is full).
+  (the snapshot is then the smaller answer). The log keeps at most ``limit`` availability and
+  as many pull entries (the oldest half goes when full), and every hash learned for the layout.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
 
 AVAIL = 0
@@ -44,38 +45,45 @@ def level(count: int) -> int:
 
 
 class ChangeLog:
-    """Versioned entries ``(kind, chunk)``; the version is ``base + len(entries)``."""
+    """Versioned changes per kind: ``(version, chunk)`` pairs in version order.
+
+    ``AVAIL`` and ``PULL`` changes keep at most ``limit`` entries each (the oldest half goes when
+    full); ``HASH`` changes are kept for the whole layout (one per chunk at most)."""
 
     def __init__(self, *, limit: int = 1 << 16) -> None:
         self.limit = max(2, limit)
-        self.base = 0
-        self._entries: list[int] = []
-
-    @property
-    def version(self) -> int:
-        return self.base + len(self._entries)
+        self.version = 0
+        self._versions: dict[int, list[int]] = {AVAIL: [], HASH: [], PULL: []}
+        self._indices: dict[int, list[int]] = {AVAIL: [], HASH: [], PULL: []}
+        self._floor: dict[int, int] = {AVAIL: 0, HASH: 0, PULL: 0}  # versions up to it may be gone
 
     def add(self, kind: int, index: int) -> None:
-        self._entries.append(index << 2 | kind)
-        if len(self._entries) > self.limit:
-            cut = len(self._entries) // 2
-            del self._entries[:cut]
-            self.base += cut
+        self.version += 1
+        versions, indices = self._versions[kind], self._indices[kind]
+        versions.append(self.version)
+        indices.append(index)
+        if kind != HASH and len(versions) > self.limit:
+            cut = len(versions) // 2
+            self._floor[kind] = versions[cut - 1]
+            del versions[:cut], indices[:cut]
 
     def restart(self, *, limit: int | None = None) -> None:
         """Forget every entry (a new layout): every version up to now needs a snapshot."""
-        self.base = self.version + 1
-        self._entries = []
+        self.version += 1
+        for kind in self._versions:
+            self._versions[kind], self._indices[kind] = [], []
+            self._floor[kind] = self.version
         if limit is not None:
             self.limit = max(2, limit)
 
-    def since(self, version: int) -> list[int] | None:
-        """The entries after ``version`` (``index << 2 | kind``), or None if it needs a snapshot."""
-        if not self.base <= version <= self.version:
+    def since(self, kind: int, version: int) -> list[int] | None:
+        """The chunks of ``kind`` changed after ``version`` (in order, repeats kept), or None when
+        that version is unknown here (older than what is kept, or newer than now)."""
+        if not self._floor[kind] <= version <= self.version:
             return None
-        return self._entries[version - self.base :]
+        versions = self._versions[kind]
+        return self._indices[kind][bisect.bisect_right(versions, version) :]
 
-
-def decode(entry: int) -> tuple[int, int]:
-    """(kind, chunk) of a log entry."""
-    return entry & 3, entry >> 2
+    def all(self, kind: int) -> list[int]:
+        """Every kept change of ``kind`` (the hashes learned for this layout, in order)."""
+        return self._indices[kind]

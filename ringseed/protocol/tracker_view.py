@@ -67,7 +67,7 @@ def status(tracker: Tracker, *, now: float) -> dict[str, Any]:
         "role": "tracker",
         "total_bytes": total_bytes,
         "total_chunks": layout.chunk_count if layout is not None else 0,
-        "hashes_known": len(tracker.hash_log),
+        "hashes_known": tracker.hashes_known,
         "nodes_total": len(nodes),
         "nodes_ready": sum(1 for e in nodes.values() if e["verified"]),
         "nodes_failed": sum(1 for e in nodes.values() if not e["online"]),

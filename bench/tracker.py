@@ -1,0 +1,589 @@
+"""Benchmark: the real tracker process on one core against thousands of emulated agents.
+
+Runs ``ringseed master --role tracker`` as its own process pinned to one core (``taskset``) and a
+load generator in separate processes pinned to another core. The generator speaks the agent's
+protocol over HTTP/1.1 keep-alive connections (one per emulated agent, raw asyncio streams so that
+the generator stays cheaper than the tracker): registration, heartbeats every
+``--interval`` seconds carrying the announcements of what the agent got since its last one
+(``[index, null, from]``; the origin-duty agent's carry hashes), and optionally one peer query
+(``GET /v1/peers``) per chunk an agent gets, as today's agent does before each fetch.
+
+The swarm progresses as a 500 GB, 7,451-chunk model does when origin and node links run at
+``--link`` (10 Gbit/s): the origin-duty agent (the first registered) claims chunks and announces
+them with their hashes at the origin rate; every other agent gets each chunk a little after (its
+lag, about log2(N) chunk times, drawn per agent), never before a reply told it the chunk's hash
+(an agent holds only what it verified), so availability levels climb as they would.
+``--streams`` agents per pulled chunk stream it and wait for its hash, as agents do: in ``full``
+mode (the behaviour before issue 11) they heartbeat every 50 ms until the hash arrives, in
+``delta`` mode they long-poll ``POST /v1/watch``.
+
+Printed per (nodes, mode), measured over a window after a warm-up: heartbeat latency p50/p99
+(from the time the heartbeat was due, so a late send counts), peer-query latency, tracker CPU
+(cores, from ``/proc/<pid>/stat``, and CPU microseconds per request), the generator's own CPU
+(its processes share the other core: if it is near 1.0 the latencies include its own delays),
+requests per second, bytes per heartbeat reply (mean, p50, p99) split into hashes / availability
+/ the rest, announced chunks rejected, and the load average before and after (the machine may be
+shared: CPU per request is the robust figure, latencies include every wait for a core). Modes:
+``full`` (``--heartbeat-replies full``: the whole vector of counts whenever it changed) and
+``delta`` (changes since the agent's version, issue 11 part 3).
+
+    .venv/bin/python -m bench.tracker [--nodes 1000,10000] [--modes full,delta] [--peer-queries]
+        [--warmup 20] [--measure 30] [--interval 2] [--workers 2] [--json FILE] [--profile FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import math
+import os
+import random
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+CHUNK = 64 * MiB
+TOTAL = 500 * 10**9
+LINK = 10e9 / 8  # bytes/s
+HEX = "0123456789abcdef"
+VERSION = re.compile(rb'"version":(-?\d+)')
+REJECTED = re.compile(rb'"rejected":\[([^\]]*)\]')
+HASH_KEY = re.compile(rb'"(\d+)":"[0-9a-f]{64}"')
+
+
+@dataclass(frozen=True)
+class Plan:
+    nodes: int
+    mode: str
+    interval: float
+    peer_queries: bool
+    streams: int
+    warmup: float
+    measure: float
+    chunk: int = CHUNK
+    total: int = TOTAL
+    link: float = LINK
+
+    @property
+    def chunks(self) -> int:
+        return math.ceil(self.total / self.chunk)
+
+    @property
+    def origin_rate(self) -> float:
+        """Chunks per second leaving the origin (origin link = node link)."""
+        return self.link / self.chunk
+
+    def layout(self) -> dict[str, Any]:
+        files = [{"path": "model.bin", "size": self.total, "mode": 420}]
+        return {"version": 1, "chunk_size": self.chunk, "files": files}
+
+
+def digest(index: int) -> str:
+    return format(index, "064x")
+
+
+def name_of(i: int) -> str:
+    return f"node-{i:05d}"
+
+
+# -- the generator (one process per worker) -------------------------------------------------
+
+
+@dataclass
+class Samples:
+    heartbeat: list[float] = field(default_factory=list)
+    peers: list[float] = field(default_factory=list)
+    watch: list[float] = field(default_factory=list)
+    reply_bytes: list[int] = field(default_factory=list)
+    hash_bytes: list[int] = field(default_factory=list)
+    avail_bytes: list[int] = field(default_factory=list)
+    rejected: int = 0  # chunks announced before the tracker knew their hash (announced again)
+    errors: int = 0
+    requests: int = 0
+    measured: int = 0  # requests sent within the measurement window
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection to the tracker; requests one at a time."""
+
+    def __init__(self, host: str, port: int, token: str) -> None:
+        self.host, self.port = host, port
+        self.auth = f"Authorization: Bearer {token}\r\n".encode()
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        if self.writer is None or self.writer.is_closing():
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None and self.writer is not None
+        head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n".encode() + self.auth
+        if body is not None:
+            head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
+        self.writer.write(head + b"\r\n" + (body or b""))
+        status_line = await self.reader.readline()
+        length = 0
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        payload = await self.reader.readexactly(length)
+        return int(status_line.split(b" ", 2)[1]), payload
+
+
+class Worker:
+    """Emulates agents ``lo .. hi - 1`` of the plan."""
+
+    def __init__(self, plan: Plan, *, host: str, port: int, token: str, lo: int, hi: int, start: float) -> None:
+        self.plan, self.host, self.port, self.token = plan, host, port, token
+        self.lo, self.hi, self.start = lo, hi, start
+        self.samples = Samples()
+        self.window = (start + plan.warmup, start + plan.warmup + plan.measure)
+        self.rng = random.Random(lo)
+        tau = plan.chunk / plan.link
+        depth = max(1.0, math.log2(max(2, plan.nodes)))
+        # each agent gets chunk c at t_c + lag: about log2(N) chunk times after the origin, spread
+        self.lag = {i: 0.3 + depth * tau * self.rng.uniform(0.5, 1.5) for i in range(lo, hi)}
+        self.epoch = ""
+        self.since: dict[int, int] = {}  # each agent's view version (its heartbeats and waits share it)
+        self.known: dict[int, int] = {}  # each agent knows the hashes of chunks 0 .. known - 1
+        self.registering = asyncio.Semaphore(100)
+
+    def in_window(self, t: float) -> bool:
+        return self.window[0] <= t < self.window[1]
+
+    def counted(self) -> None:
+        self.samples.requests += 1
+        self.samples.measured += self.in_window(time.time())
+
+    def pulled_at(self, index: int) -> float:
+        return self.start + (index + 1) / self.plan.origin_rate
+
+    def got_by(self, t: float, agent: int) -> int:
+        """How many chunks ``agent`` holds at time ``t`` (chunks 0 .. n-1)."""
+        if agent == 0:
+            return max(0, min(self.plan.chunks, math.floor((t - self.start) * self.plan.origin_rate)))
+        held = math.floor((t - self.lag[agent] - self.start) * self.plan.origin_rate)
+        return max(0, min(self.plan.chunks, held))
+
+    async def register(self, conn: Connection, agent: int) -> None:
+        url = f"http://10.0.{agent // 250}.{agent % 250}:8471"
+        body = {"node": name_of(agent), "url": url, "session": "s", "layout": self.plan.layout()}
+        status, payload = await conn.request("POST", "/v1/register", json.dumps(body).encode())
+        if status != 200:
+            raise RuntimeError(f"register {agent}: {status} {payload[:200]!r}")
+        self.epoch = json.loads(payload)["epoch"]
+
+    async def run_agent(self, agent: int, registered: asyncio.Event | None) -> None:
+        conn = Connection(self.host, self.port, self.token)
+        async with self.registering:  # a bounded number of connections opening at once
+            await self.register(conn, agent)
+        if agent == 0:
+            body = {"node": name_of(0), "layout": self.plan.layout()}
+            await conn.request("PUT", "/v1/manifest", json.dumps(body).encode())
+        if registered is not None:
+            registered.set()
+        await asyncio.sleep(max(0.0, self.start - time.time()))
+        if agent == 0:
+            await self.origin_duty(conn)
+        else:
+            await self.follow(conn, agent)
+
+    async def heartbeat(
+        self, conn: Connection, agent: int, since: int | None, chunks: list[list[Any]], due: float
+    ) -> tuple[int | None, list[int]]:
+        """One heartbeat; returns the view version it carried and the chunks it rejected."""
+        body = json.dumps({"node": name_of(agent), "since": since, "epoch": self.epoch, "chunks": chunks, "load": 1})
+        status, payload = await conn.request("POST", "/v1/heartbeat", body.encode())
+        done = time.time()
+        self.counted()
+        if status != 200:
+            self.samples.errors += 1
+            return since, [i for i, _, _ in chunks]
+        if self.in_window(due):
+            self.samples.heartbeat.append(done - due)
+            self.samples.reply_bytes.append(len(payload))
+            self.samples.hash_bytes.append(part_bytes(payload, b'"hashes":'))
+            self.samples.avail_bytes.append(part_bytes(payload, b'"avail":') + part_bytes(payload, b'"availability":'))
+        refused = REJECTED.search(payload)
+        rejected = [int(i) for i in refused.group(1).split(b",")] if refused and refused.group(1) else []
+        self.samples.rejected += len(rejected)
+        self.learn(agent, payload)
+        found = VERSION.search(payload)
+        return (int(found.group(1)) if found else since), rejected
+
+    def learn(self, agent: int, payload: bytes) -> None:
+        """The hashes a reply told ``agent`` (the duty node learns them in chunk order)."""
+        at = payload.find(b'"hashes":{')
+        if at >= 0:
+            keys = HASH_KEY.findall(payload, at, payload.find(b"}", at))
+            if keys:
+                self.known[agent] = max(self.known.get(agent, 0), 1 + max(map(int, keys)))
+
+    async def origin_duty(self, conn: Connection) -> None:
+        """Claims chunks and announces each with its hash when it has been pulled."""
+        plan, sent, since = self.plan, 0, None
+        last_beat = 0.0
+        while sent < plan.chunks and time.time() < self.window[1] + 2 * plan.interval:
+            now = time.time()
+            have = self.got_by(now, 0)
+            if have > sent or now - last_beat >= plan.interval:
+                claim = json.dumps({"node": name_of(0), "count": 64}).encode()
+                await conn.request("POST", "/v1/origin/claim", claim)
+                chunks = [[i, digest(i), None] for i in range(sent, have)]
+                since, _ = await self.heartbeat(conn, 0, since, chunks, due=now)
+                sent, last_beat = have, now
+            await asyncio.sleep(min(0.05, plan.interval))
+
+    async def follow(self, conn: Connection, agent: int) -> None:
+        plan, rng = self.plan, self.rng
+        sent, retry = 0, list[int]()
+        due = self.start + rng.uniform(0, plan.interval)
+        while sent < plan.chunks and due < self.window[1] + plan.interval:
+            await asyncio.sleep(max(0.0, due - time.time()))
+            have = max(sent, min(self.got_by(due, agent), self.known.get(agent, 0)))  # verified: hash known
+            fresh = list(range(sent, have))
+            if plan.peer_queries:
+                for index in fresh:
+                    t0 = time.time()
+                    await conn.request("GET", f"/v1/peers?chunk={index}&node={name_of(agent)}")
+                    self.counted()
+                    if self.in_window(t0):
+                        self.samples.peers.append(time.time() - t0)
+            chunks = [[i, None, name_of(rng.randrange(0, plan.nodes))] for i in retry + fresh]
+            version, rejected = await self.heartbeat(conn, agent, self.since.get(agent), chunks, due=due)
+            self.absorbed(agent, version)
+            retry = rejected  # an agent holds a chunk only once it knows its hash: again next time
+            sent = have
+            due += plan.interval
+
+    def absorbed(self, agent: int, version: int | None) -> None:
+        if version is not None:
+            self.since[agent] = max(version, self.since.get(agent, version))
+
+    async def streamers(self) -> None:
+        """``streams`` agents per pulled chunk wait for its hash: polls (full) or a watch (delta)."""
+        plan = self.plan
+        if plan.streams <= 0 or self.lo != 0:
+            return
+        conns = [Connection(self.host, self.port, self.token) for _ in range(plan.streams)]
+        await asyncio.sleep(max(0.0, self.start - time.time()))
+        index = 0
+        while index < plan.chunks and time.time() < self.window[1]:
+            pulled = self.pulled_at(index)
+            await asyncio.sleep(max(0.0, pulled - plan.chunk / plan.link - time.time()))  # its pull starts
+            mine = self.hi - self.lo - 1  # our agents other than the duty node
+            waiting = [
+                asyncio.create_task(self.wait_hash(conn, self.lo + 1 + (index * plan.streams + k) % mine, index))
+                for k, conn in enumerate(conns)
+            ]
+            await asyncio.gather(*waiting, return_exceptions=True)
+            index += max(1, math.ceil((time.time() - pulled) * plan.origin_rate))
+
+    async def wait_hash(self, conn: Connection, agent: int, index: int) -> None:
+        """Until the tracker tells ``agent`` the hash of ``index``, as the agent does: before
+        issue 11 a heartbeat every 50 ms, now a watch of the chunk (again after unrelated news)."""
+        t0 = time.time()
+        deadline = t0 + 5.0
+        told = b'"%d":"' % index
+        while time.time() < deadline:
+            since = self.since.get(agent)
+            if self.plan.mode == "delta":
+                body = {"node": name_of(agent), "since": since, "epoch": self.epoch, "chunks": [index], "wait": 5.0}
+                status, payload = await conn.request("POST", "/v1/watch", json.dumps(body).encode())
+            else:
+                body = {"node": name_of(agent), "since": since, "epoch": self.epoch, "chunks": []}
+                status, payload = await conn.request("POST", "/v1/heartbeat", json.dumps(body).encode())
+            self.counted()
+            found = VERSION.search(payload)
+            self.absorbed(agent, int(found.group(1)) if found else None)
+            self.learn(agent, payload)
+            if status != 200 or told in payload:
+                break
+            if self.plan.mode != "delta":
+                await asyncio.sleep(0.05)
+        if self.in_window(t0):
+            self.samples.watch.append(time.time() - t0)
+
+    async def run(self) -> Samples:
+        registered = asyncio.Event()
+        agents = list(range(self.lo, self.hi))
+        tasks: list[asyncio.Task[None]] = []
+        if agents and agents[0] == 0:  # the first registered holds origin duty
+            tasks.append(asyncio.create_task(self.run_agent(0, registered)))
+            await registered.wait()
+            agents = agents[1:]
+        tasks += [asyncio.create_task(self.run_agent(a, None)) for a in agents]
+        tasks.append(asyncio.create_task(self.streamers()))
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        self.samples.errors += sum(1 for r in results if isinstance(r, BaseException))
+        failures = [r for r in results if isinstance(r, BaseException)][:3]
+        for failure in failures:
+            print(f"worker {self.lo}: {failure!r}", file=sys.stderr)
+        return self.samples
+
+
+PARTS = (b'"availability":', b'"avail":', b'"hashes":', b'"pulling":', b'"pulling_stopped":')
+
+
+def part_bytes(payload: bytes, key: bytes) -> int:
+    """Bytes of one part of a view (its key to the next part; the view's parts come in the order
+    of ``PARTS``, last in the reply), found with ``bytes.find`` only: the generator stays cheap."""
+    at = payload.find(key)
+    if at < 0:
+        return 0
+    later = [payload.find(k, at + len(key)) for k in PARTS[PARTS.index(key) + 1 :]]
+    end = min([p for p in later if p >= 0], default=len(payload) - 1)
+    return end - at
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    plan = Plan(**json.loads(args.plan))
+    worker = Worker(plan, host="127.0.0.1", port=args.port, token=args.token, lo=args.lo, hi=args.hi, start=args.start)
+    cpu0 = time.process_time()
+    samples = asyncio.run(worker.run())
+    result = asdict(samples)
+    result["cpu_seconds"] = time.process_time() - cpu0
+    print(json.dumps(result))
+
+
+# -- the driver -------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_one(
+    plan: Plan, *, workers: int, tracker_core: str, load_core: str, profile: str | None = None
+) -> dict[str, Any]:
+    token = secrets.token_hex(16)
+    port = free_port()
+    env = dict(os.environ, RINGSEED_TOKEN=token, PYTHONPATH=str(ROOT))
+    argv = ["taskset", "-c", tracker_core, sys.executable]
+    if profile is not None:  # the tracker's own profile, written when it is interrupted
+        argv += ["-m", "cProfile", "-o", f"{profile}.{plan.nodes}.{plan.mode}"]
+    argv += ["-m", "ringseed.cli", "master", "--role", "tracker"]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--heartbeat-interval", str(plan.interval)]
+    argv += ["--offline-after", str(max(10.0, 5 * plan.interval)), "--heartbeat-replies", plan.mode]
+    tracker = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_healthy(port)
+        load_before = os.getloadavg()
+        register_time = max(5.0, plan.nodes / 1500)
+        start = time.time() + register_time
+        procs = []
+        bounds = [round(plan.nodes * k / workers) for k in range(workers + 1)]
+        for lo, hi in itertools.pairwise(bounds):
+            cmd = ["taskset", "-c", load_core, sys.executable, "-m", "bench.tracker", "--worker"]
+            cmd += ["--plan", json.dumps(asdict(plan)), "--port", str(port), "--token", token]
+            cmd += ["--lo", str(lo), "--hi", str(hi), "--start", repr(start)]
+            procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            if lo == 0:
+                time.sleep(1.0)  # the duty node registers first
+        window = (start + plan.warmup, start + plan.warmup + plan.measure)
+        time.sleep(max(0.0, window[0] - time.time()))
+        cpu0 = cpu_seconds(tracker.pid)
+        time.sleep(max(0.0, window[1] - time.time()))
+        cpu1 = cpu_seconds(tracker.pid)
+        rss = rss_mb(tracker.pid)
+        merged = Samples()
+        generator_cpu = 0.0
+        for proc in procs:
+            out, err = proc.communicate(timeout=plan.warmup + plan.measure + 600)
+            if proc.returncode != 0 or not out.strip():
+                raise RuntimeError(f"load generator failed: {err.decode()[-2000:]}")
+            data = json.loads(out.decode().strip().splitlines()[-1])
+            generator_cpu += data.pop("cpu_seconds")
+            for key, value in data.items():
+                current = getattr(merged, key)
+                setattr(merged, key, current + value)
+            if err.strip():
+                print(err.decode()[-1000:], file=sys.stderr)
+        load_after = os.getloadavg()
+    finally:
+        tracker.send_signal(signal.SIGINT if profile is not None else signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            tracker.wait(timeout=10)
+        if tracker.poll() is None:
+            tracker.kill()
+    total_time = (window[1] - start) + register_time
+    return summarise(plan, merged, cpu1 - cpu0, generator_cpu / total_time, rss, load_before, load_after)
+
+
+def wait_healthy(port: int) -> None:
+    import urllib.request
+
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+            return
+        time.sleep(0.1)
+    raise RuntimeError("the tracker did not come up")
+
+
+def summarise(
+    plan: Plan, s: Samples, tracker_cpu: float, generator_cores: float, rss: float, before: Any, after: Any
+) -> dict[str, Any]:
+    n = len(s.reply_bytes) or 1
+    return {
+        "nodes": plan.nodes,
+        "mode": plan.mode,
+        "peer_queries": plan.peer_queries,
+        "heartbeats_per_s": len(s.heartbeat) / plan.measure,
+        "hb_p50_ms": 1000 * pct(s.heartbeat, 0.5),
+        "hb_p99_ms": 1000 * pct(s.heartbeat, 0.99),
+        "peers_per_s": len(s.peers) / plan.measure,
+        "peers_p50_ms": 1000 * pct(s.peers, 0.5),
+        "peers_p99_ms": 1000 * pct(s.peers, 0.99),
+        "hash_wait_p50_ms": 1000 * pct(s.watch, 0.5),
+        "requests_per_s": s.requests / (plan.warmup + plan.measure),
+        "tracker_cores": tracker_cpu / plan.measure,
+        "tracker_us_per_request": 1e6 * tracker_cpu / max(1, s.measured),
+        "generator_cores": generator_cores,
+        "reply_bytes_mean": sum(s.reply_bytes) / n,
+        "reply_bytes_p50": pct([float(b) for b in s.reply_bytes], 0.5),
+        "reply_bytes_p99": pct([float(b) for b in s.reply_bytes], 0.99),
+        "hash_bytes_mean": sum(s.hash_bytes) / n,
+        "avail_bytes_mean": sum(s.avail_bytes) / n,
+        "rejected_chunks": s.rejected,
+        "errors": s.errors,
+        "tracker_rss_mb": rss,
+        "load_before": round(before[0], 1),
+        "load_after": round(after[0], 1),
+    }
+
+
+COLUMNS = [
+    ("nodes", "N", "{:d}"),
+    ("mode", "mode", "{}"),
+    ("heartbeats_per_s", "hb/s", "{:.0f}"),
+    ("hb_p50_ms", "hb p50 ms", "{:.1f}"),
+    ("hb_p99_ms", "hb p99 ms", "{:.1f}"),
+    ("peers_per_s", "peers/s", "{:.0f}"),
+    ("peers_p99_ms", "peers p99 ms", "{:.1f}"),
+    ("tracker_cores", "tracker cores", "{:.2f}"),
+    ("tracker_us_per_request", "CPU us/request", "{:.0f}"),
+    ("generator_cores", "generator cores", "{:.2f}"),
+    ("reply_bytes_mean", "reply B mean", "{:.0f}"),
+    ("reply_bytes_p50", "reply B p50", "{:.0f}"),
+    ("reply_bytes_p99", "reply B p99", "{:.0f}"),
+    ("hash_bytes_mean", "hashes B", "{:.0f}"),
+    ("avail_bytes_mean", "avail B", "{:.0f}"),
+    ("tracker_rss_mb", "RSS MB", "{:.0f}"),
+    ("rejected_chunks", "rejected", "{:d}"),
+    ("errors", "errors", "{:d}"),
+    ("load_before", "load", "{}"),
+]
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print("| " + " | ".join(title for _, title, _ in COLUMNS) + " |")
+    print("|" + "---|" * len(COLUMNS))
+    for row in rows:
+        cells = []
+        for key, _, fmt in COLUMNS:
+            value = row[key]
+            cells.append(fmt.format(value) if not (isinstance(value, float) and math.isnan(value)) else "-")
+        print("| " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", default="1000,10000", help="emulated agents per run, comma-separated")
+    parser.add_argument("--modes", default="full,delta", help="full (before issue 11) and/or delta")
+    parser.add_argument("--interval", type=float, default=2.0, help="heartbeat interval (the master's default)")
+    parser.add_argument("--peer-queries", action="store_true", help="one GET /v1/peers per chunk an agent gets")
+    parser.add_argument("--streams", type=int, default=8, help="agents waiting for each pulled chunk's hash")
+    parser.add_argument("--warmup", type=float, default=20.0)
+    parser.add_argument("--measure", type=float, default=30.0)
+    parser.add_argument("--workers", type=int, default=2, help="load generator processes (all on --load-core)")
+    parser.add_argument("--tracker-core", default="0")
+    parser.add_argument("--load-core", default="1")
+    parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--profile", help="write the tracker's cProfile stats to PROFILE.<nodes>.<mode>")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--plan", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--token", help=argparse.SUPPRESS)
+    parser.add_argument("--lo", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--hi", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--start", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker_main(args)
+        return
+    rows = []
+    for nodes in [int(n) for n in args.nodes.split(",")]:
+        for mode in args.modes.split(","):
+            plan = Plan(
+                nodes=nodes,
+                mode=mode,
+                interval=args.interval,
+                peer_queries=args.peer_queries,
+                streams=args.streams,
+                warmup=args.warmup,
+                measure=args.measure,
+            )
+            print(f"# N={nodes} mode={mode} peer_queries={args.peer_queries} ...", file=sys.stderr, flush=True)
+            rows.append(
+                run_one(
+                    plan,
+                    workers=args.workers,
+                    tracker_core=args.tracker_core,
+                    load_core=args.load_core,
+                    profile=args.profile,
+                )
+            )
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    print_table(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    by = {(r["nodes"], r["mode"]): r for r in rows}
+    for nodes in sorted({r["nodes"] for r in rows}):
+        full, delta = by.get((nodes, "full")), by.get((nodes, "delta"))
+        if full and delta:
+            print(
+                f"N={nodes}: reply bytes delta/full = {delta['reply_bytes_mean'] / full['reply_bytes_mean']:.3f}, "
+                f"tracker CPU delta/full = {delta['tracker_cores'] / max(full['tracker_cores'], 1e-9):.3f}"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -162,6 +162,18 @@ def test_vouches_decay_too() -> None:
     assert t.judge(now=171.0).penalised == {"p"}  # the vouches are older than the window
 
 
+def test_a_vouch_repeated_within_a_64th_of_the_window_is_not_recorded_again() -> None:
+    t = trust.Trust(window=640.0)
+    vouch_all(t, "p", ["v1", "v2", "v3"], now=0.0)
+    vouch_all(t, "p", ["v1", "v2", "v3"], now=9.0)  # within 640 / 64: not written again
+    for reporter in ("a", "b"):
+        t.report(reporter=reporter, peer="p", chunk=0, now=600.0)
+    assert t.judge(now=600.0).penalised == frozenset()
+    assert t.judge(now=641.0).penalised == {"p"}  # aged from the first vouch: 9 s more would have held
+    vouch_all(t, "p", ["v1", "v2", "v3"], now=651.0)  # past the 64th: recorded, and it clears p
+    assert t.judge(now=651.0).penalised == frozenset()
+
+
 def test_reported_copies_are_bounded_and_the_oldest_forgotten_first(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trust, "MAX_CHUNK_REPORTS", 3)
     t = trust.Trust()

@@ -18,19 +18,27 @@
 #
 # Env: IMAGE (default ringseed:dev), TRAINING_IMAGE (ringseed:dev-training),
 #      TARGETS ("runtime training"), TORCH_VERSION (2.13.0), TORCH_WHEELS (/opt/wheels),
-#      DEBIAN_MIRROR (http://deb.debian.org/debian). Prints each image's size at the end.
+#      DEBIAN_MIRROR (http://deb.debian.org/debian), REFRESH_PINS (1; 0 keeps hack/image-requirements.txt
+#      as committed). TARGETS="" builds only the base. Prints each image's size at the end.
+# One build at a time per machine (a lock): a second run waits, then finds the images up to date.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IMAGE=${IMAGE:-ringseed:dev}
 TRAINING_IMAGE=${TRAINING_IMAGE:-ringseed:dev-training}
-TARGETS=${TARGETS:-runtime training}
+TARGETS=${TARGETS-runtime training}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 TORCH_WHEELS=${TORCH_WHEELS:-/opt/wheels}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 BASE=docker.io/library/python:3.11-slim
 STANDIN_PACKAGES=python3,python3-venv,python3-pip,python-is-python3,passwd,ca-certificates
+REFRESH_PINS=${REFRESH_PINS:-1}
 podman=(bash hack/podman.sh)
 started=$SECONDS
+exec 9>/var/tmp/ringseed-image.lock
+if ! flock -n 9; then
+  echo "== another hack/image.sh runs on this machine; waiting for it"
+  flock 9
+fi
 
 need_tools() {
   local missing=()
@@ -95,7 +103,7 @@ build() {  # target tag [podman build args...]
 }
 
 need_tools
-if [ -x .venv/bin/python ]; then
+if [ "$REFRESH_PINS" = 1 ] && [ -x .venv/bin/python ]; then
   # The pins are the versions the tests run with: refresh them from the set-up venv, so a
   # dependency someone added to pyproject.toml reaches the image without a manual step.
   bash hack/lock-image-deps.sh >/dev/null
@@ -119,6 +127,7 @@ for target in $TARGETS; do
   esac
 done
 for tag in "$IMAGE" "$TRAINING_IMAGE"; do
+  [ -n "$TARGETS" ] || break
   size=$("${podman[@]}" image inspect --format '{{.Size}}' "$tag" 2>/dev/null) || continue
   echo "image: $tag $((size / 1000000)) MB"
 done

@@ -39,6 +39,7 @@ from tests.e2e.cluster import kubelet
 REASON = netns.can_run() or images.cannot_build() or deployed_module.missing_tools()
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.image,
     pytest.mark.skipif(REASON is not None, reason=str(REASON)),
     pytest.mark.asyncio(loop_scope="module"),
     pytest.mark.timeout(900),

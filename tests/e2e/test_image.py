@@ -15,7 +15,11 @@ import pytest
 import ringseed
 from tests.e2e import images
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(images.cannot_build() is not None, reason=str(images.cannot_build()))]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.image,
+    pytest.mark.skipif(images.cannot_build() is not None, reason=str(images.cannot_build())),
+]
 
 RESTRICTED = ["--read-only", "--read-only-tmpfs=false", "--cap-drop=all", "--security-opt=no-new-privileges"]
 

@@ -144,6 +144,7 @@ class PodRuntime:
         return [
             "run",
             "-d",
+            "--replace",  # the previous run of this container (a restart), in the same podman call
             "--pull=never",
             f"--name={self.container_name(plan.name)}",
             f"--label={self.label}",
@@ -158,8 +159,6 @@ class PodRuntime:
         ]
 
     async def _start_container(self, plan: podspec.ContainerPlan) -> None:
-        name = self.container_name(plan.name)
-        await podman("rm", "-f", "-t", "0", name, check=False)
         self.mark(f"{plan.name}:run")
         await podman(*self._args(plan))
         self.mark(f"{plan.name}:running")

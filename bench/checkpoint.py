@@ -1,6 +1,7 @@
 """Checkpoints on the netns testbed: ringseed's node cache vs torch.save to local disk vs DCP to S3, same run.
 
-    sudo .venv/bin/python -m bench.checkpoint --size 1Gi --node-rate 1gbit --sink-rate 100mbit [--json OUT]
+    sudo .venv/bin/python -m bench.checkpoint --size 1Gi --node-rate 1gbit --sink-rate 100mbit \\
+        [--no-dcp-save] [--no-dcp-load] [--json OUT]
 
 Hosts: ``origin`` (a moto S3 server, the sink, and the two cache master replicas) behind a
 ``--sink-rate`` link, and three nodes behind ``--node-rate`` links (both directions shaped with
@@ -148,7 +149,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             bench.start()
             node0, node1, node2 = tb.nodes
             bench.wait_ready([h.name for h in tb.nodes])
-            save = bench.worker(node0, "save", "--local-dir", str(work), "--dcp", f"s3://{BUCKET}/dcp")
+            dcp_save = ["--dcp", f"s3://{BUCKET}/dcp"] if args.dcp_save else []
+            save = bench.worker(node0, "save", "--local-dir", str(work), *dcp_save)
             acked = time.monotonic()
             persisted = _wait_persisted(bench, timeout=args.timeout)
             persist_s = time.monotonic() - acked if persisted else None
@@ -159,7 +161,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             bench.start_agent(node2)
             bench.wait_ready([node2.name])
             from_sink = bench.worker(node2, "restore")
-            dcp_load = bench.worker(node2, "dcp-load", "--dcp", f"s3://{BUCKET}/dcp") if args.dcp_load else None
+            dcp_load = (
+                bench.worker(node2, "dcp-load", "--dcp", f"s3://{BUCKET}/dcp")
+                if args.dcp_load and args.dcp_save
+                else None
+            )
         finally:
             bench.close()
     return {"size": size, "chunk": chunk, "node_rate": node_rate, "sink_rate": sink_rate, "save": save,
@@ -231,6 +237,12 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument(
         "--dcp-load", action=argparse.BooleanOptionalAction, default=True, help="also time DCP's reader from S3"
+    )
+    parser.add_argument(
+        "--dcp-save",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time DCP's writer to S3 (--no-dcp-save: a quicker run for the ringseed rows and the restores)",
     )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()

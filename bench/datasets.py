@@ -190,8 +190,13 @@ def main() -> int:
                     rows.append(row)
                     print(json.dumps(row), flush=True)
         finally:
-            bench.close()
+            try:
+                bench.close()
+            finally:
+                for bulky in ("src", "local", "fsspec-cache"):  # gigabytes per run; the logs stay
+                    shutil.rmtree(work / bulky, ignore_errors=True)
     report(rows, nodes=args.nodes, origin_rate=links.parse_rate(args.origin_rate))
+    print(f"logs: {work / 'logs'}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -14,8 +14,15 @@ Approximation, printed on every line it applies to: where N x chunks exceeds ``-
 chunk transfers, two prefixes of K and 2K chunks are simulated (all N nodes, links, failures)
 and T is extrapolated linearly: T = T(2K) + (C - 2K) x max(slope, chunk/B_o), slope =
 (T(2K) - T(K)) / K, i.e. the swarm is assumed to keep the per-chunk pace it had over the
-second prefix. ``--quick`` lowers the budget and drops N = 10,000. ``--validate`` compares the
+second prefix. ``--prefix K`` sets K; with ``--single`` one prefix of K chunks is simulated and
+the rest is assumed to leave at the origin's pace (``Scenario.prefix_chunks``). ``--nodes``
+picks N. ``--quick`` lowers the budget and drops N = 10,000. ``--validate`` compares the
 approximation with exact runs at N = 100 and 1,000 (1 GB chunks).
+
+Every node is ringseed's own agent core and the master is ringseed's own tracker
+(:mod:`ringseed.sim.swarm`); the cost is about ten core ticks and a dozen tracker calls per
+chunk transfer, so an exact 500 GB run at N = 1,000 (500,000 transfers) is out of reach of one
+core in minutes: the big rows are prefix runs.
 """
 
 from __future__ import annotations
@@ -34,13 +41,19 @@ GBIT = 1e9 / 8
 MiB = 1 << 20
 
 
-def run(config: scenario.Scenario, *, budget: int) -> dict[str, Any]:
-    """Simulate exactly, or by two prefixes and a linear extrapolation when too large."""
+def run(config: scenario.Scenario, *, budget: int, prefix: int | None = None, single: bool = False) -> dict[str, Any]:
+    """Simulate exactly, or by two prefixes and a linear extrapolation when too large (``prefix``
+    sets K; ``single``: one prefix of K chunks, the rest at the origin's pace)."""
     chunks = config.chunks
-    if config.nodes * chunks <= budget:
+    if prefix is None and config.nodes * chunks <= budget:
         result = swarm.simulate(config)
         return _row(config, result.seconds, result, note="exact")
-    k = max(4, min(1000, budget // (2 * config.nodes)))
+    k = prefix if prefix is not None else max(4, min(1000, budget // (2 * config.nodes)))
+    if single:
+        result = swarm.simulate(_prefix(config, k))
+        pace = config.chunk_bytes / config.origin_rate
+        note = f"approx: prefix of {k} of {chunks} chunks, the rest at B_o ({pace:.3f} s/chunk)"
+        return _row(config, result.seconds, result, note=note)
     short = swarm.simulate(_prefix(config, k))
     long = swarm.simulate(_prefix(config, 2 * k))
     slope = max((long.simulated_seconds - short.simulated_seconds) / k, config.chunk_bytes / config.origin_rate)
@@ -71,6 +84,11 @@ def _row(
         "wall": wall if wall is not None else result.wall_seconds,
         "note": note,
         "origin_ratio": result.origin_ratio,
+        "ticks": result.ticks,
+        "reports": result.reports,
+        "penalised_liars": result.penalised_liars,
+        "penalised_honest": result.penalised_honest,
+        "transfers": result.transfers,
     }
 
 
@@ -97,8 +115,8 @@ def calibration() -> list[scenario.Scenario]:
     ]
 
 
-def big(*, chunk: int, quick: bool) -> list[scenario.Scenario]:
-    sizes = (100, 1000) if quick else (100, 1000, 10_000)
+def big(*, chunk: int, quick: bool, nodes: tuple[int, ...] | None = None) -> list[scenario.Scenario]:
+    sizes = nodes or ((100, 1000) if quick else (100, 1000, 10_000))
     return [
         scenario.Scenario(
             model_bytes=500 * 10**9,
@@ -122,14 +140,20 @@ def main() -> int:
     parser.add_argument("--validate", action="store_true", help="exact vs prefix approximation, classic N=100, 1000")
     parser.add_argument("--upload-slots", type=int, default=None, help="agent upload slots (default: the agent's)")
     parser.add_argument("--origin-depth", type=int, default=None, help="origin pulls at once (default: the agent's)")
+    parser.add_argument("--nodes", default=None, help="comma-separated N for classic/default (default 100,1000,10000)")
+    parser.add_argument("--prefix", type=int, default=None, help="simulate prefixes of K and 2K chunks (K: this)")
+    parser.add_argument("--single", action="store_true", help="with --prefix: one prefix, rest at B_o")
+    parser.add_argument("--liars", type=int, default=0, help="nodes serving corrupt bytes (trust)")
+    parser.add_argument("--bad-ram", type=int, default=0, help="nodes receiving every chunk corrupted (trust)")
     args = parser.parse_args()
+    nodes = tuple(int(n) for n in args.nodes.split(",")) if args.nodes else None
     if args.validate:
         return validate()
     budget = args.budget or (20_000 if args.quick else 1_000_000)
     groups = {
         "calibration": calibration(),
-        "classic": big(chunk=10**9, quick=args.quick),
-        "default": big(chunk=64 * MiB, quick=args.quick),
+        "classic": big(chunk=10**9, quick=args.quick, nodes=nodes),
+        "default": big(chunk=64 * MiB, quick=args.quick, nodes=nodes),
     }
     rows = []
     print(f"{'group':<12} {'N':>6} {'chunk':>9} {'T s':>9} {'T* s':>9} {'T/T*':>6} {'failed':>6} {'wall s':>7}  note")
@@ -138,7 +162,9 @@ def main() -> int:
             continue
         for config in configs:
             config = _override(config, upload_slots=args.upload_slots, origin_slots=args.origin_depth)
-            row = {"group": name, **run(config, budget=budget)}
+            config = dataclasses.replace(config, liars=args.liars, bad_ram=args.bad_ram)
+            prefix = args.prefix if name != "calibration" else None
+            row = {"group": name, **run(config, budget=budget, prefix=prefix, single=args.single)}
             rows.append(row)
             chunk = f"{config.chunk_bytes / MiB:.0f}MiB" if config.chunk_bytes < 10**9 else "1GB"
             if config.agents.process_delay:
@@ -148,6 +174,12 @@ def main() -> int:
                 f"{row['ratio']:>6.3f} {row['failed']:>6} {row['wall']:>7.1f}  {row['note']}",
                 flush=True,
             )
+            if config.liars or config.bad_ram:
+                print(
+                    f"{'':<12} trust: {row['reports']} reports; penalised {row['penalised_liars']} of"
+                    f" {config.liars} liars and {row['penalised_honest']} honest nodes",
+                    flush=True,
+                )
     _growth(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

@@ -19,8 +19,9 @@ Rules
 - A header is checked twice: on its own (magic, version, kind, dtype code, byte count under
   :data:`MAX_FRAME_BYTES`) by :func:`decode_header`, then against what the receiver expects
   at that point of the schedule (tag, sequence, dtype, length) by :func:`check_expected`.
-  A payload is never read before both checks pass, so a malformed frame cannot write into a
-  caller's buffer.
+  Nothing of a payload reaches a caller's buffer before both checks pass (the ring path reads
+  no payload before them; the small-message path reads at most the expected frame into scratch
+  first), so a malformed frame cannot write into a caller's buffer.
 - Tokens never travel; only HMACs over fresh nonces do (compared in constant time).
 """
 

@@ -29,7 +29,8 @@ Rules:
   taken first, then its transport stops reading and the thread reads a duplicate of the socket.
   Progress is reported per MiB landed, or per piece when a piece took 20 ms or more (a slow
   link), so the streams that follow a pull's fill (``stream``) see it move as finely as before.
-  Such a connection is closed afterwards, never reused (aiohttp did not see the body end).
+  Such a connection is closed afterwards, never reused (aiohttp did not see the body end); a
+  body aiohttp had already buffered whole is taken from it and its connection kept.
   Faults keep their meaning: a reset, a timeout (``read_timeout`` without a byte) or a body
   that ends early is transient and resumes from the last byte received; cancelling the read
   shuts the socket down, so the thread returns at once (it refers to the buffer until then).
@@ -373,11 +374,7 @@ class HTTPClient:
                     self.ranges_ignored = True  # this read is fine (it starts at 0); later ones stream
                 if resp.status == 206 and self._direct_socket(url, resp) is not None:
                     before = done
-                    try:
-                        done = await self._read_direct(resp, view, done=done, progress=progress)
-                    finally:
-                        resp.close()  # aiohttp did not see the body end: the connection is not reused
-                    self.direct_reads += 1
+                    done = await self._read_direct(resp, view, done=done, progress=progress)
                     if done - before < end - first:
                         raise base.TransientError(f"{url}: body ended after {done - before} of {end - first} bytes")
                     return done
@@ -424,12 +421,11 @@ class HTTPClient:
             view[done : done + len(data)] = data
             done += len(data)
             left -= len(data)
-        transport.pause_reading()
         self.bytes_read += done - start
         if progress is not None and done > start:
             progress(done)
         if left == 0 or resp.content.at_eof():
-            return done
+            return done  # all of it was buffered: aiohttp saw the body end, the connection is reused
         loop = asyncio.get_running_loop()
 
         def landed(filled: int) -> None:  # from the thread, in order
@@ -438,16 +434,21 @@ class HTTPClient:
 
         if self._readers is None:
             self._readers = ThreadPoolExecutor(_READER_THREADS, thread_name_prefix="origin-read")
-        sock = socket.socket(fileno=os.dup(raw.fileno()))
-        job = loop.run_in_executor(
-            self._readers, _receive, sock, view[done : done + left], self._read_timeout, done, landed
-        )
+        transport.pause_reading()  # no await since the buffer was drained: nothing more reached aiohttp
+        self.direct_reads += 1
         try:
-            got = await asyncio.shield(job)
-        except asyncio.CancelledError:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)  # the thread's receive ends now; it closes its socket
-            raise
+            sock = socket.socket(fileno=os.dup(raw.fileno()))
+            job = loop.run_in_executor(
+                self._readers, _receive, sock, view[done : done + left], self._read_timeout, done, landed
+            )
+            try:
+                got = await asyncio.shield(job)
+            except asyncio.CancelledError:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)  # the thread's receive ends now; it closes its socket
+                raise
+        finally:
+            resp.close()  # aiohttp did not see the body end: the connection is not reused
         self.bytes_read += got
         if progress is not None and got:
             progress(done + got)

@@ -297,5 +297,9 @@ async def test_cancelling_a_threaded_body_read_ends_it_and_keeps_the_client_usab
             with pytest.raises(asyncio.CancelledError):
                 await read
             assert await origin.read("big.bin", MI, 3 * MI) == data[MI : 4 * MI]
+            threaded = origin.direct_reads  # type: ignore[attr-defined]
+            for offset in (0, 7 * MI, 20 * MI):  # bodies aiohttp buffers whole: no thread, the connection kept
+                assert await origin.read("big.bin", offset, 64 << 10) == data[offset : offset + (64 << 10)]
+            assert origin.direct_reads == threaded  # type: ignore[attr-defined]
         finally:
             await origin.close()

@@ -311,16 +311,17 @@ class Agent:
 
     async def _register(self) -> None:
         rev = self.revision
+        held = dict(self.held) if rev is not None else {}
         reply = await self.tracker.register(
             url=self.url,
             session=self.session_id,
-            chunks=dict(self.held) if rev is not None else {},
+            chunks=held,
             layout=rev.layout.to_dict() if rev is not None else None,
             revision=rev.to_dict() if rev is not None else None,
         )
         self.heartbeat_interval = float(reply.get("heartbeat_interval", 1.0))
         self.sync_state = {"epoch": reply.get("epoch"), "since": None}
-        self.core.take_announcements(len(self.core.announce) + len(self.core.dropped))  # registered with all held
+        self.core.registered(held)  # a chunk verified or dropped while the call ran is still told
         self.core.tracker_moved(reply.get("revision"))
         if rev is not None and self.tracker_revision == rev.id:
             for index in reply.get("rejected", []):

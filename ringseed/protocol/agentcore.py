@@ -54,7 +54,7 @@ from __future__ import annotations
 import enum
 import math
 import random
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Collection, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from ringseed.protocol import agentsteps as steps
@@ -281,6 +281,12 @@ class AgentCore:
         batch, self.announce = self.announce[:limit], self.announce[limit:]
         drops, self.dropped = self.dropped[:limit], self.dropped[limit:]
         return batch, drops
+
+    def registered(self, carried: Collection[int]) -> None:
+        """A registration listed ``carried`` (what was held when it was sent): the announcements
+        and drops it covers are void; those of chunks gained or lost since it was sent stay."""
+        self.announce = [a for a in self.announce if a[0] not in carried]
+        self.dropped = [i for i in self.dropped if i in carried and i not in self.held]
 
     def announcements_failed(self, batch: Sequence[Announcement], drops: Sequence[int]) -> None:
         """The heartbeat carrying them failed: send again what is still true."""

@@ -214,6 +214,19 @@ def test_announcements_of_a_dropped_chunk_are_withdrawn_and_failed_heartbeats_re
     assert agent.learn_hashes({4: "not-h4"}) == [4]
 
 
+def test_a_registration_voids_only_what_it_listed() -> None:
+    """Chunks verified or dropped while a registration was in flight are still told (a follower
+    taking over mid-transfer used to miss a node's last chunk: its announcement was discarded)."""
+    agent = make()
+    agent.held_chunk(1, "h1", from_origin=False, source="a")
+    agent.held_chunk(2, "h2", from_origin=False, source="a")
+    carried = dict(agent.held)  # the registration's body
+    agent.held_chunk(3, "h3", from_origin=False, source="b")  # verified during the call
+    agent.dropped_chunk(2)  # lost during the call
+    agent.registered(carried)
+    assert agent.take_announcements(10) == ([(3, None, "b")], [2])
+
+
 # -- origin duty ------------------------------------------------------------------------------
 
 

@@ -67,9 +67,10 @@ class Busy(RuntimeError):
     """Another agent holds this staging directory."""
 
 
-def read_journal(path: Path) -> dict[int, str]:
-    """Chunk index -> hash from a journal file (missing file: empty; torn lines skipped)."""
-    out: dict[int, str] = {}
+def journal_entries(path: Path) -> list[tuple[int, str | None]]:
+    """A journal file's lines in order: (index, hash), or (index, None) for a drop (missing file:
+    none; torn or malformed lines skipped)."""
+    out: list[tuple[int, str | None]] = []
     try:
         text = path.read_text(encoding="ascii", errors="replace")
     except FileNotFoundError:
@@ -79,9 +80,20 @@ def read_journal(path: Path) -> dict[int, str]:
         if len(parts) != 2 or not parts[0].isdigit():
             continue
         if parts[1] == "-":
-            out.pop(int(parts[0]), None)
+            out.append((int(parts[0]), None))
         elif len(parts[1]) == 64:
-            out[int(parts[0])] = parts[1]
+            out.append((int(parts[0]), parts[1]))
+    return out
+
+
+def read_journal(path: Path) -> dict[int, str]:
+    """Chunk index -> hash from a journal file: the chunks verified and not dropped since."""
+    out: dict[int, str] = {}
+    for index, digest in journal_entries(path):
+        if digest is None:
+            out.pop(index, None)
+        else:
+            out[index] = digest
     return out
 
 

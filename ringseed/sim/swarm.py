@@ -9,8 +9,10 @@ links and feeds the results back, as the aiohttp agent and master do with socket
 
 - Time: one heap of timers plus the network's completions; every event is handled at its time,
   then every node it touched is ticked (``AgentCore.tick``) and its next wakeup
-  (``AgentCore.next_wakeup``) is scheduled. A node polls exactly as the agent does (busy holders:
-  a retry about ``retry_after`` later).
+  (``AgentCore.next_wakeup``) is scheduled, so a node retries as the agent does (busy holders:
+  about ``retry_after`` later), except a node that tried everything it could fetch and found
+  every holder busy: it waits for a freed slot or a new copy instead (``Swarm._park``;
+  optimistic, see there).
 - The tracker's answers are immediate (no request latency); announcements go to the tracker as
   soon as a chunk is held (the agent's early heartbeat), and every live node heartbeats each
   ``heartbeat_interval`` with its load, followed by the tracker's periodic pass (``purge``:
@@ -211,9 +213,11 @@ class Swarm:
     def _park(self, node: int, wake: float) -> bool:
         """Instead of polling, wait for a holder of what it wants to free a slot (or a new copy).
 
-        Only when every chunk the node could fetch was just tried and found no free holder: then
-        its polls fail until a holder frees a slot, so it ticks then (at its back-off's end, or
-        later), the same outcome with far fewer events.
+        Only when every chunk the node could fetch was just tried and found no free holder: its
+        polls would fail until a holder frees a slot, so it ticks then (at its back-off's end, or
+        later), with far fewer events. Not outcome-neutral: the agent's polls on its 0.1 s grid
+        lose more time than this (BENCHMARKS section 3: lag 39.6 s against 25.1 s at N = 100,
+        K = 32), so parked runs are optimistic.
         """
         core = self.cores[node]
         waiting = [i for i in core.wanted if i not in core.by_chunk]

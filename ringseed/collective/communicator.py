@@ -230,7 +230,10 @@ class Communicator:
         backup = protect.copy()
         try:
             self._vote_run_report(name=name, protect=protect, backup=backup, body=body)
-        except engine.CollectiveAborted:
+        except engine.CollectiveAborted as exc:
+            if self._closing.is_set():  # close() leaves the group: "removed" is then its own doing
+                np.copyto(protect, backup)
+                raise engine.CollectiveAborted(f"{name} on {self.peer_id} ended by close(): {exc}") from exc
             raise
         except BaseException as exc:  # no verdict (coordinator gone, close()): the op did not happen
             np.copyto(protect, backup)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import threading
 
 import numpy as np
 import pytest
@@ -131,41 +130,6 @@ def test_communicator_close_ends_an_operation_waiting_for_a_peer_that_never_vote
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 _, stuck = concurrent.futures.wait([pool.submit(comms[0].close)], timeout=PROMPT)
                 assert not stuck, "Communicator.close() blocked"
-            with pytest.raises(engine.CollectiveAborted, match="close"):
-                work.wait(timeout=PROMPT)
-            np.testing.assert_array_equal(array, np.arange(1000, dtype=np.float32))
-        finally:
-            comms[1].close()
-
-
-def test_close_is_named_even_when_the_removal_it_causes_ends_the_operation_first() -> None:
-    """close() leaves the group, then aborts the engine. An op whose vote hears "not registered"
-    in between (seen on a loaded CI machine) still ends as ended by close(), buffer restored."""
-    with h.running_coordinator(min_peers=2) as url:
-        # a short hold: p0's waiting vote asks again soon and hears that it left the group
-        comms = [
-            communicator.Communicator(
-                coordinator_url=url, token=h.TOKEN, peer_id=f"p{i}", io_timeout=IO_TIMEOUT, hold=0.2
-            )
-            for i in range(2)
-        ]
-        try:
-            h.on_each(comms, lambda i, c: c.connect(timeout=30))
-            array = np.arange(1000, dtype=np.float32)
-            work = comms[0].all_reduce(array)
-            real_abort = comms[0]._engine.abort
-
-            removed = threading.Event()
-
-            def abort_after_the_removal(reason: str) -> None:  # forces the order the race produced
-                if reason.startswith("removed from the group"):
-                    removed.set()  # p0's next poll heard that it left
-                else:
-                    assert removed.wait(PROMPT), "the leave never reached p0's waiting vote"
-                real_abort(reason)
-
-            comms[0]._engine.abort = abort_after_the_removal  # type: ignore[method-assign]
-            comms[0].close()
             with pytest.raises(engine.CollectiveAborted, match="close"):
                 work.wait(timeout=PROMPT)
             np.testing.assert_array_equal(array, np.arange(1000, dtype=np.float32))

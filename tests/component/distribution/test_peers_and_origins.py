@@ -30,8 +30,9 @@ def test_peer_serving_corrupted_bytes_is_detected_and_avoided(
     local.wait_for(lambda s: s["nodes"].get(liar, {}).get("complete", False), timeout=120, what="the liar complete")
     for name in honest:
         local.start_agent(name)
-    status = local.wait_for(local.all_verified, timeout=120, what="all verified")
-    assert status["nodes"][liar]["penalised"] is True
+    local.wait_for(local.all_verified, timeout=120, what="all verified")
+    # the tracker judges reports in its periodic pass, which may come after the last node verified
+    status = local.wait_for(lambda s: s["nodes"][liar]["penalised"] is True, timeout=30, what="the liar penalised")
     assert not any(e["penalised"] for n, e in status["nodes"].items() if n != liar)
     assert_copies(local, expected)  # no node's final model holds the corrupted bytes
     # Detected and avoided: each honest node counts every chunk that failed verification

@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from ringseed import web
 from ringseed.api import constants
 from ringseed.operator import builders
 
@@ -67,6 +68,14 @@ class Locator:
         return builders.master_url(namespace=namespace, name=name).rstrip("/")
 
 
+class _NotLeader(MasterError):
+    """A follower of a replicated master answered; ``leader`` is the URL it names, if any."""
+
+    def __init__(self, message: str, *, leader: str | None) -> None:
+        super().__init__(message)
+        self.leader = leader
+
+
 class Reader:
     """One HTTP session for all masters; ``close`` when the operator stops."""
 
@@ -80,13 +89,31 @@ class Reader:
             raise MasterError(f"{url}: not asked, the operator is stopping")
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
+        try:
+            return await self._get(url, token=token)
+        except _NotLeader as follower:
+            # A replicated master's follower answered (a pooled connection or a cached address can
+            # outlive the Service's switch to the new leader): ask the leader it names, once, and
+            # drop the pooled connections so that the next call resolves the Service again.
+            await self._session.close()
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            if not follower.leader:
+                raise MasterError(str(follower)) from follower
+            return await self._get(follower.leader.rstrip("/"), token=token)
+
+    async def _get(self, url: str, *, token: str | None) -> dict[str, Any]:
+        assert self._session is not None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
             async with self._session.get(f"{url}/v1/status", headers=headers) as response:
                 body = await response.json(content_type=None)
                 if response.status != 200:
                     reason = body.get("reason") if isinstance(body, dict) else None
-                    raise MasterError(f"{url} answered HTTP {response.status}: {reason or body}")
+                    message = f"{url} answered HTTP {response.status}: {reason or body}"
+                    leader = response.headers.get(web.LEADER_HEADER)
+                    if response.status == 503 and isinstance(body, dict) and body.get("error") == "not_leader":
+                        raise _NotLeader(message, leader=leader)
+                    raise MasterError(message)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise MasterError(f"{url}: {type(exc).__name__}: {exc}") from exc
         if not isinstance(body, dict):

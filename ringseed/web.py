@@ -346,6 +346,15 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def _reason(text: str) -> str:
+    """``": <reason>"`` of a JSON problem body (:func:`problem`), else nothing."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return ""
+    return f": {body['reason']}" if isinstance(body, dict) and isinstance(body.get("reason"), str) else ""
+
+
 class NoLeader(Exception):
     """No URL of a replicated master answered as its leader; the message lists what each said."""
 
@@ -380,7 +389,7 @@ class Leaders:
                 problems.append(f"{url}: {type(exc).__name__}: {exc}")
                 continue
             if status >= 500:
-                problems.append(f"{url}: HTTP {status}")
+                problems.append(f"{url}: HTTP {status}{_reason(text)}")
                 if hint and hint.rstrip("/") not in tried:
                     candidates.insert(0, hint.rstrip("/"))
                 continue

@@ -68,14 +68,6 @@ class Locator:
         return builders.master_url(namespace=namespace, name=name).rstrip("/")
 
 
-class _NotLeader(MasterError):
-    """A follower of a replicated master answered; ``leader`` is the URL it names, if any."""
-
-    def __init__(self, message: str, *, leader: str | None) -> None:
-        super().__init__(message)
-        self.leader = leader
-
-
 class Reader:
     """One HTTP session for all masters; ``close`` when the operator stops."""
 
@@ -89,33 +81,30 @@ class Reader:
             raise MasterError(f"{url}: not asked, the operator is stopping")
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
-        try:
-            return await self._get(url, token=token)
-        except _NotLeader as follower:
-            # A replicated master's follower answered (a pooled connection or a cached address can
-            # outlive the Service's switch to the new leader): ask the leader it names, once, and
-            # drop the pooled connections so that the next call resolves the Service again.
-            await self._session.close()
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
-            if not follower.leader:
-                raise MasterError(str(follower)) from follower
-            return await self._get(follower.leader.rstrip("/"), token=token)
-
-    async def _get(self, url: str, *, token: str | None) -> dict[str, Any]:
-        assert self._session is not None
+        session = self._session
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+        async def attempt(at: str) -> tuple[int, str, str | None]:
+            async with session.get(f"{at}/v1/status", headers=headers) as response:
+                return response.status, await response.text(), response.headers.get(web.LEADER_HEADER)
+
+        # A replicated master's follower answers 503 naming the leader; web.Leaders follows it
+        leaders = web.Leaders([url])
         try:
-            async with self._session.get(f"{url}/v1/status", headers=headers) as response:
-                body = await response.json(content_type=None)
-                if response.status != 200:
-                    reason = body.get("reason") if isinstance(body, dict) else None
-                    message = f"{url} answered HTTP {response.status}: {reason or body}"
-                    leader = response.headers.get(web.LEADER_HEADER)
-                    if response.status == 503 and isinstance(body, dict) and body.get("error") == "not_leader":
-                        raise _NotLeader(message, leader=leader)
-                    raise MasterError(message)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            status, text = await leaders.call(attempt)
+        except web.NoLeader as exc:
+            raise MasterError(str(exc)) from exc
+        finally:
+            if leaders.leader != url:  # a pooled connection or a cached address outlived the switch
+                await session.close()
+                self._session = None
+        try:
+            body = json.loads(text)
+        except ValueError as exc:
             raise MasterError(f"{url}: {type(exc).__name__}: {exc}") from exc
+        if status != 200:
+            reason = body.get("reason") if isinstance(body, dict) else None
+            raise MasterError(f"{url} answered HTTP {status}: {reason or body}")
         if not isinstance(body, dict):
             raise MasterError(f"{url} answered {type(body).__name__}, not a JSON object")
         return body

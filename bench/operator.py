@@ -3,8 +3,9 @@
 Runs the real operator (kopf + ringseed's handlers, ``ringseed.operator.command.operate``) in its
 own thread and event loop, as the component tests do, against KMock (the component tests'
 emulator without the bookkeeping that only assertions use: ``bench/kmock_lean.py``) over HTTP on loopback; creates N
-ModelDistributions at once, and prints p50/p95/max of the time from each create to (a) all four
-children present (Secret, master Deployment and Service, agent DaemonSet) and (b) the first status
+ModelDistributions at once, and prints p50/p95/max of the time from each create to (a) all its
+children present (every object its builders make: token Secret, master Deployment and Service,
+agent DaemonSet, the masters' Lease identity) and (b) the first status
 patch. Masters are unreachable here (a closed loopback port), as right after a real create.
 Also printed: the CPU time the process (operator and KMock together) spent from the first create
 until every resource had its children and status (robust where wall time is not: on a shared
@@ -43,17 +44,32 @@ import kmock  # noqa: E402
 import kopf  # noqa: E402
 
 from bench import kmock_lean  # noqa: E402
-from ringseed.api import constants  # noqa: E402
-from ringseed.operator import command, masters  # noqa: E402
+from ringseed.api import constants, validation  # noqa: E402
+from ringseed.operator import builders, command, masters  # noqa: E402
 from ringseed.operator import config as config_module  # noqa: E402
 from tests.component.operator import conftest as harness  # noqa: E402
 
-CHILDREN = (
-    ("v1/secrets", "token"),
-    ("apps/v1/deployments", "master"),
-    ("v1/services", "master"),
-    ("apps/v1/daemonsets", "agent"),
-)
+
+def children_of(body: dict[str, Any]) -> set[tuple[str, str]]:
+    """(plural, name) of every object the operator makes for ``body``: the token Secret and what
+    its builders return (so the list stays true when a child is added, such as the masters' Lease
+    identity)."""
+    config = config_module.OperatorConfig()
+    name = body["metadata"]["name"]
+    spec = validation.parse_model_distribution(body["spec"], name=name, data_root=config.data_root)
+    built = builders.md_children(body=body, spec=spec, config=config)
+    return {("secrets", f"{name}-token")} | {(PLURALS[c["kind"]], c["metadata"]["name"]) for c in built}
+
+
+PLURALS = {
+    "Secret": "secrets",
+    "ServiceAccount": "serviceaccounts",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "Deployment": "deployments",
+    "Service": "services",
+    "DaemonSet": "daemonsets",
+}
 
 
 def operate(server: str, *, ready: threading.Event) -> Any:
@@ -75,7 +91,9 @@ def serve_operator(server: str) -> None:
         task = asyncio.create_task(operate(server, ready=ready))
         await asyncio.to_thread(ready.wait)
         print("ready", flush=True)
+        since = time.process_time()
         await asyncio.to_thread(sys.stdin.read)  # the benchmark closed our stdin: it is done
+        print(f"cpu {time.process_time() - since:.3f}", flush=True)  # the operator's own, from ready on
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
@@ -96,6 +114,10 @@ async def operator_process(server: str) -> AsyncIterator[None]:
         yield
     finally:
         proc.stdin.close()
+        with contextlib.suppress(TimeoutError, ValueError):
+            line = await asyncio.wait_for(proc.stdout.readline(), 20)
+            if line.startswith(b"cpu "):
+                CPU["operator"] = float(line.split()[1])
         try:
             await asyncio.wait_for(proc.wait(), 20)
         except TimeoutError:
@@ -187,7 +209,7 @@ async def watch(
     each resource's children and its status first appear."""
     children: dict[str, float] = {}
     status: dict[str, float] = {}
-    wanted = {name: {(res.rsplit("/", 1)[1], f"{name}-{suffix}") for res, suffix in CHILDREN} for name in names}
+    wanted = {name: children_of(harness.model_distribution(name)) for name in names}
     while (len(children) < len(names) or len(status) < len(names)) and time.perf_counter() - since < within:
         now = time.perf_counter()
         present: set[tuple[str, str]] = set()
@@ -228,7 +250,11 @@ def main() -> int:
         f"  create -> all children present ({len(children)}/{args.count}):  {percentiles(children or [float('nan')])}"
     )
     print(f"  create -> first status patch   ({len(status)}/{args.count}):  {percentiles(status or [float('nan')])}")
-    if not args.own_process:  # the operator's own process has its own CPU clock
+    if args.own_process:  # the operator's own process has its own CPU clock
+        operator_cpu = CPU.get("operator", float("nan"))
+        per = operator_cpu / args.count * 1e3
+        print(f"  operator process CPU, ready to stop: {operator_cpu:.2f} s ({per:.1f} ms per resource)")
+    else:
         print(f"  process CPU until all were done: {CPU.get('seconds', float('nan')):.2f} s (operator + KMock)")
     clean = not errors.records
     print(f"  clean end (no ERROR logged): {'yes' if clean else 'NO'} ({len(errors.records)} records)")

@@ -42,6 +42,17 @@ def _register_activities(*, registry: kopf.OperatorRegistry) -> None:
     # handlers may still be finishing a request. ``command.operate`` closes them after kopf is done.
 
 
+def _first_tick(interval: float) -> Any:
+    """When a status timer first ticks: at once for a resource that already has a status (the
+    operator restarted: refresh it now), one interval on for a new one (its create handler writes
+    the first status; an immediate tick would only find nothing to do, in the burst of creates)."""
+
+    def delay(body: kopf.Body, **_: Any) -> float:
+        return 0.0 if body.get("status") else interval
+
+    return delay
+
+
 def _register_distributions(*, registry: kopf.OperatorRegistry, interval: float) -> None:
     @kopf.on.resume(*MD, registry=registry)
     @kopf.on.create(*MD, registry=registry)
@@ -49,7 +60,9 @@ def _register_distributions(*, registry: kopf.OperatorRegistry, interval: float)
     async def md_apply(body: kopf.Body, logger: Any, memo: Any, reason: Any, **_: Any) -> None:
         await distributions.apply(_rt(memo), body=body, logger=logger, fresh=reason == kopf.Reason.CREATE)
 
-    @kopf.timer(*MD, interval=interval, backoff=max(1.0, interval), registry=registry)
+    @kopf.timer(
+        *MD, interval=interval, initial_delay=_first_tick(interval), backoff=max(1.0, interval), registry=registry
+    )
     async def md_status(body: kopf.Body, logger: Any, memo: Any, **_: Any) -> None:
         await distributions.observe(_rt(memo), body=body, logger=logger)
 
@@ -65,7 +78,9 @@ def _register_groups(*, registry: kopf.OperatorRegistry, interval: float) -> Non
     async def tg_apply(body: kopf.Body, logger: Any, memo: Any, reason: Any, **_: Any) -> None:
         await groups.apply(_rt(memo), body=body, logger=logger, fresh=reason == kopf.Reason.CREATE)
 
-    @kopf.timer(*TG, interval=interval, backoff=max(1.0, interval), registry=registry)
+    @kopf.timer(
+        *TG, interval=interval, initial_delay=_first_tick(interval), backoff=max(1.0, interval), registry=registry
+    )
     async def tg_status(body: kopf.Body, logger: Any, memo: Any, **_: Any) -> None:
         await groups.observe(_rt(memo), body=body, logger=logger)
 

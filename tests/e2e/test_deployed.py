@@ -15,6 +15,7 @@ import base64
 import datetime
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -61,6 +62,9 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[deploye
         yield env
     FIGURES["e2e_seconds"] = round(time.monotonic() - started, 1)
     print("\nE2E FIGURES " + json.dumps(FIGURES, sort_keys=True))
+    if os.environ.get("RINGSEED_E2E_FIGURES"):  # a file for the figures too (a CI run without -s)
+        text = json.dumps(FIGURES, sort_keys=True, indent=1) + "\n"
+        await asyncio.to_thread(Path(os.environ["RINGSEED_E2E_FIGURES"]).write_text, text)
 
 
 def md(env: deployed_module.Deployed, name: str = MD) -> dict[str, Any]:

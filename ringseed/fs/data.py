@@ -19,15 +19,16 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import io
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 from ringseed.fs import client as client_module
+from ringseed.fs import reading
 from ringseed.protocol import cacheobjects, datasets, revision
 
 LEASE_MARGIN = 0.8  # use a chunk file for this share of its lease, then ask again
@@ -45,8 +46,8 @@ class DataView:
         self.expires = 0.0
         self.lease = 30.0
         self.hold = 1
-        self._fds: OrderedDict[tuple[str, int], tuple[int, float]] = OrderedDict()
-        self._released: list[list[Any]] = []
+        self._files: reading.ChunkFiles[tuple[str, int]] = reading.ChunkFiles()
+        self._released: list[tuple[str, int]] = []
         self._lock = threading.Lock()
 
     def current(self) -> tuple[revision.Revision, str]:
@@ -83,31 +84,25 @@ class DataView:
         out += [{"name": base + d, "size": 0, "type": "directory"} for d in dirs]
         return out
 
-    def chunk_fd(self, rev_id: str, index: int) -> int:
-        """A descriptor of chunk ``index`` of revision ``rev_id``'s local file (valid while leased)."""
+    @contextlib.contextmanager
+    def chunk(self, rev_id: str, index: int) -> Iterator[int]:
+        """A descriptor of chunk ``index`` of revision ``rev_id``'s local file, open for the ``with`` block."""
         key = (rev_id, index)
-        now = time.monotonic()
+        with self._files.use(key, now=time.monotonic()) as fd:
+            if fd is not None:
+                yield fd
+                return
         with self._lock:
-            held = self._fds.get(key)
-            if held is not None and held[1] > now:
-                self._fds.move_to_end(key)
-                return held[0]
-        with self._lock:
-            old = self._fds.pop(key, None)
-            if old is not None:
-                os.close(old[0])
-            while len(self._fds) >= self.hold:
-                (gone_rev, gone_chunk), (gone_fd, _) = self._fds.popitem(last=False)
-                os.close(gone_fd)
-                self._released.append([gone_rev, gone_chunk])
+            self._released += self._files.let_go(limit=self.hold - 1)
             released, self._released = self._released, []
-        fd = self._open(rev_id, index, released)
-        with self._lock:
-            self._fds[key] = (fd, now + self.lease * LEASE_MARGIN)
-        return fd
+        opened = self._open(rev_id, index, released)
+        now = time.monotonic()
+        with self._files.use(key, now=now, fd=opened, until=now + self.lease * LEASE_MARGIN) as fd:
+            assert fd is not None
+            yield fd
 
-    def _open(self, rev_id: str, index: int, released: list[list[Any]]) -> int:
-        body = {"source": self.source, "revision": rev_id, "chunks": [index], "release": released}
+    def _open(self, rev_id: str, index: int, released: list[tuple[str, int]]) -> int:
+        body = {"source": self.source, "revision": rev_id, "chunks": [index], "release": [list(k) for k in released]}
         answer = self.client.call("POST", "/v1/local/data/chunks", body)
         try:
             return os.open(str(answer["files"][0]["file"]), os.O_RDONLY)
@@ -116,13 +111,10 @@ class DataView:
             return os.open(str(answer["files"][0]["file"]), os.O_RDONLY)
 
     def close(self) -> None:
-        with self._lock:
-            for fd, _ in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+        self._files.close()
 
 
-class DataFile(io.RawIOBase):
+class DataFile(reading.ChunkedReader):
     """One dataset file, opened at the view's current revision."""
 
     def __init__(self, view: DataView, rel: str) -> None:
@@ -133,69 +125,15 @@ class DataFile(io.RawIOBase):
             raise IsADirectoryError(errno.EISDIR, f"{rel!r} is a directory in dataset {view.source!r}")
         self.view = view
         self.path = f"{cacheobjects.DATA_ROOT}/{view.source}/{rel}"
-        self.mode = "rb"
         self.rev_id = rev_id
+        self.identity = f"revision {rev_id}"
         self.size = view.entries[rel].size
         self.segments = datasets.segments(rev.layout, view.entries[rel])  # by entry: no scan of the listing
         self.spans = cacheobjects.spans(s.length for s in self.segments)
-        self._pos = 0
 
-    def readable(self) -> bool:
-        return True
+    def _locate(self, index: int) -> tuple[int, int]:
+        segment = self.segments[index]
+        return segment.chunk, segment.offset
 
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
-        if base + offset < 0:
-            raise OSError(errno.EINVAL, f"{self.path}: seek to a negative position")
-        self._pos = base + offset
-        return self._pos
-
-    def pread(self, offset: int, view: memoryview) -> int:
-        total = 0
-        while total < len(view) and offset + total < self.size:
-            at = offset + total
-            index = next(iter(cacheobjects.chunk_range(self.spans, at, at + 1)))
-            start, end = self.spans[index]
-            segment = self.segments[index]
-            fd = self._fd(segment.chunk)
-            want = min(len(view) - total, end - at)
-            got = os.preadv(fd, [view[total : total + want]], segment.offset + (at - start))
-            if got <= 0:
-                raise OSError(errno.EIO, f"{self.path}: chunk {segment.chunk} file ended early")
-            total += got
-        return total
-
-    def _fd(self, chunk: int) -> int:
-        return self.view.chunk_fd(self.rev_id, chunk)  # ESTALE when the revision is gone
-
-    def readinto(self, buffer: Any) -> int:
-        got = self.pread(self._pos, memoryview(buffer).cast("B"))
-        self._pos += got
-        return got
-
-    def read(self, size: int | None = -1) -> bytes:
-        """``size`` bytes (all that is left by default); each piece is copied once, from the chunk file."""
-        left = max(0, self.size - self._pos)
-        want = left if size is None or size < 0 else min(size, left)
-        pieces = []
-        while want > 0:
-            at = self._pos
-            index = next(iter(cacheobjects.chunk_range(self.spans, at, at + 1)))
-            start, end = self.spans[index]
-            segment = self.segments[index]
-            piece = os.pread(self._fd(segment.chunk), min(want, end - at), segment.offset + (at - start))
-            if not piece:
-                raise OSError(errno.EIO, f"{self.path}: chunk {segment.chunk} file ended early")
-            pieces.append(piece)
-            self._pos += len(piece)
-            want -= len(piece)
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
-
-    def readall(self) -> bytes:
-        return self.read(-1)
+    def _use(self, index: int) -> contextlib.AbstractContextManager[int]:
+        return self.view.chunk(self.rev_id, self.segments[index].chunk)  # ESTALE when the revision is gone

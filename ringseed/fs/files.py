@@ -25,15 +25,17 @@ Owns what ``fs.open(path, "wb")`` and ``fs.open(path, "rb")`` return.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import errno
 import functools
 import io
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ringseed.fs import client as client_module
+from ringseed.fs import reading
 from ringseed.protocol import cacheobjects as objects
 
 STAGE_BYTES = 256 << 10
@@ -200,7 +202,7 @@ class WriteFile(io.RawIOBase):
             self.close()
 
 
-class ReadFile(io.RawIOBase):
+class ReadFile(reading.ChunkedReader):
     """A committed object opened for reading (one version: a rewrite does not change what this reads)."""
 
     def __init__(
@@ -209,86 +211,46 @@ class ReadFile(io.RawIOBase):
         super().__init__()
         self.client = client
         self.path = path
-        self.mode = "rb"
         meta = client.call("POST", "/v1/local/open", {"path": path})
         self.version: int = meta["version"]
+        self.identity = f"version {self.version}"
         self.size: int = meta["size"]
         self.chunks: list[tuple[str, int]] = [(c[0], int(c[1])) for c in meta["chunks"]]
         self.spans = objects.spans([n for _, n in self.chunks])
         self.readahead = readahead
         self.verify = verify
-        self._pos = 0
-        self._fds: dict[int, int] = {}
+        self._files: reading.ChunkFiles[int] = reading.ChunkFiles()
         self._pending: dict[int, concurrent.futures.Future[dict[int, str]]] = {}
         self._last = -2
         self._lock = threading.Lock()
 
-    def readable(self) -> bool:
-        return True
+    def _locate(self, index: int) -> tuple[int, int]:
+        return index, 0
 
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
-        if base + offset < 0:
-            raise OSError(errno.EINVAL, f"{self.path}: seek to a negative position")
-        self._pos = base + offset
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        total = 0
-        while total < len(view) and self._pos < self.size:
-            got = self._read_at(self._pos, view[total:])
-            total += got
-            self._pos += got
-        return total
-
-    def read(self, size: int | None = -1) -> bytes:
-        if size is None or size < 0:
-            size = max(0, self.size - self._pos)
-        out = bytearray(min(size, max(0, self.size - self._pos)))
-        got = self.readinto(out)
-        return bytes(out[:got]) if got < len(out) else bytes(out)
-
-    def readall(self) -> bytes:
-        return self.read(-1)
-
-    def pread(self, offset: int, view: memoryview) -> int:
-        """Fill ``view`` from ``offset`` without moving the position (FUSE reads); returns the bytes read."""
-        total = 0
-        while total < len(view) and offset + total < self.size:
-            total += self._read_at(offset + total, view[total:])
-        return total
-
-    def _read_at(self, offset: int, view: memoryview) -> int:
-        index = next(iter(objects.chunk_range(self.spans, offset, offset + 1)))
-        start, end = self.spans[index]
-        fd = self._chunk_fd(index)
-        want = min(len(view), end - offset)
-        got = os.preadv(fd, [view[:want]], offset - start)
-        if got <= 0:
-            raise OSError(errno.EIO, f"{self.path}: chunk {index} file ended early")
-        return got
-
-    def _chunk_fd(self, index: int) -> int:
+    @contextlib.contextmanager
+    def _use(self, index: int) -> Iterator[int]:
         with self._lock:
-            fd = self._fds.get(index)
             sequential = index == self._last + 1
             self._last = index
-        if fd is None:
-            pending = self._pending.get(index)
-            files = pending.result() if pending is not None else self._request([index])
-            self._adopt(files)
-            fd = self._fds[index]
         if sequential or index == 0:
             self._prefetch(index)
-        self._close_behind(index)
-        return fd
+        self._files.let_go(lambda i: index - 1 <= i <= index + self.readahead + 1)
+        with self._files.use(index, now=0.0) as fd:
+            if fd is not None:
+                yield fd
+                return
+        with self._lock:
+            pending = self._pending.get(index)
+        self._adopt(pending.result() if pending is not None else self._request([index]))
+        with self._files.use(index, now=0.0) as fd:
+            if fd is None:  # let go by another thread's window meanwhile: open it for this read
+                fd = _open_chunk(self._refetch(index), retry=functools.partial(self._refetch, index))
+                try:
+                    yield fd
+                finally:
+                    os.close(fd)
+                return
+            yield fd
 
     def _request(self, indices: list[int]) -> dict[int, str]:
         answer = self.client.call(
@@ -300,45 +262,34 @@ class ReadFile(io.RawIOBase):
         for index, path in files.items():
             with self._lock:
                 self._pending.pop(index, None)
-                if index in self._fds:
-                    continue
+            if index in self._files:
+                continue
             fd = _open_chunk(path, retry=functools.partial(self._refetch, index))
             if self.verify:
                 _check(fd, self.chunks[index][0], self.path, index)
-            with self._lock:
-                if index in self._fds:
-                    os.close(fd)
-                else:
-                    self._fds[index] = fd
+            with self._files.use(index, now=0.0, fd=fd):
+                pass
 
     def _refetch(self, index: int) -> str:
         return self._request([index])[index]
 
     def _prefetch(self, index: int) -> None:
-        wanted = [
-            i
-            for i in range(index + 1, min(index + 1 + self.readahead, len(self.chunks)))
-            if i not in self._fds and i not in self._pending
-        ]
-        if not wanted:
-            return
-        future = _prefetcher.submit(self._request, wanted)
-        for i in wanted:
-            self._pending[i] = future
-
-    def _close_behind(self, index: int) -> None:
         with self._lock:
-            old = [i for i in self._fds if i < index - 1 or i > index + self.readahead + 1]
-            for i in old:
-                os.close(self._fds.pop(i))
+            wanted = [
+                i
+                for i in range(index + 1, min(index + 1 + self.readahead, len(self.chunks)))
+                if i not in self._files and i not in self._pending
+            ]
+            if not wanted:
+                return
+            future = _prefetcher.submit(self._request, wanted)
+            for i in wanted:
+                self._pending[i] = future
 
     def close(self) -> None:
         if self.closed:
             return
-        with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+        self._files.close()
         super().close()
 
 

@@ -12,6 +12,11 @@ Rules:
   whose error reaches ``close``), so an application that checks ``close`` knows the file is held
   on ``replicas`` nodes. An error there is the agent's (``ENOSPC`` when the cache is full, ...).
 - Reads are random access; ``data/`` is read-only (``EROFS`` for writes there).
+- The kernel's page cache serves repeated reads (a dataset's second epoch reads no byte through
+  this process): a file opened again with the same content (a checkpoint object's version, a
+  dataset's revision) keeps the pages cached from before (``keep_cache``); other content drops
+  them first. While handles of two contents of one path are open, the newer ones bypass the page
+  cache (``direct_io``): the kernel caches pages by path, and they could be either.
 - Directories are implicit in the cache; an empty one made through the mount (``mkdir``) is
   remembered by this mount until something is written below it.
 - Errors keep the errno the SDK raised (``ENOENT``, ``EACCES`` for a path that leaves the tree,
@@ -26,15 +31,18 @@ import os
 import stat
 import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 from fuse import FUSE, FuseOSError, Operations
 
-from ringseed.fs import data, files, spec
+from ringseed.fs import data, files, reading, spec
 from ringseed.protocol import cacheobjects as objects
 
 log = logging.getLogger(__name__)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
+CACHED_PATHS = 1 << 17
+ATTR_TIMEOUT = 1.0  # seconds the kernel trusts a name's attributes (libfuse's default, said out loud)
 
 
 def _errno(exc: BaseException) -> int:
@@ -51,6 +59,7 @@ class CacheOperations(Operations):  # type: ignore[misc]
         self.root = root
         self.handles: dict[int, files.ReadFile | files.WriteFile | data.DataFile] = {}
         self.local_dirs: set[str] = set()
+        self.cached: OrderedDict[str, str] = OrderedDict()  # path -> identity of the bytes the kernel may hold
         self.uid, self.gid = os.getuid(), os.getgid()
         self.started = time.time()
         self._next = 1
@@ -164,13 +173,32 @@ class CacheOperations(Operations):  # type: ignore[misc]
             return self.create(path, 0o644)
         return self._add(self.fs._open(rel, "rb"))
 
+    def page_cache(self, fh: int) -> tuple[bool, bool]:
+        """``(keep_cache, direct_io)`` for the file just opened as ``fh`` (the rule in the module docstring)."""
+        handle = self.handles.get(fh)
+        if not isinstance(handle, reading.ChunkedReader):
+            return False, False
+        with self._lock:
+            others = {
+                h.identity
+                for other, h in self.handles.items()
+                if other != fh and isinstance(h, reading.ChunkedReader) and h.path == handle.path
+            }
+            if others - {handle.identity}:
+                self.cached.pop(handle.path, None)  # the kernel's pages of this path may be either version
+                return False, True
+            keep = self.cached.get(handle.path) == handle.identity
+            self.cached[handle.path] = handle.identity
+            self.cached.move_to_end(handle.path)
+            while len(self.cached) > CACHED_PATHS:  # forgotten: its next open drops the pages (a re-read)
+                self.cached.popitem(last=False)
+            return keep, False
+
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         handle = self.handles[fh]
         if isinstance(handle, files.WriteFile):
             raise FuseOSError(errno.EBADF)
-        out = bytearray(min(size, max(0, handle.size - offset)))
-        got = handle.pread(offset, memoryview(out))
-        return bytes(out[:got])
+        return handle.read_at(offset, size)
 
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         handle = self.handles[fh]
@@ -202,7 +230,19 @@ class CacheOperations(Operations):  # type: ignore[misc]
         return None  # durability comes with close (flush)
 
 
+class _Fuse(FUSE):  # type: ignore[misc]
+    """fusepy's bridge, with ``open`` telling the kernel whether its cached pages of the file are still good."""
+
+    def open(self, path: bytes, fip: Any) -> int:
+        info = fip.contents
+        info.fh = self.operations("open", path.decode(self.encoding), info.flags)
+        keep, direct = self.operations.page_cache(info.fh)
+        info.keep_cache, info.direct_io = int(keep), int(direct)
+        return 0
+
+
 def mount(fs: spec.RingseedFileSystem, mountpoint: str, *, root: str = "", foreground: bool = True) -> None:
     """Mount ``fs`` (its directory ``root``) at ``mountpoint`` until unmounted (blocks in the foreground)."""
-    FUSE(CacheOperations(fs, root=root), mountpoint, foreground=foreground, nothreads=False, big_writes=True,
-         max_read=1 << 20, max_write=1 << 20, default_permissions=True, allow_other=os.getuid() == 0)  # fmt: skip
+    _Fuse(CacheOperations(fs, root=root), mountpoint, foreground=foreground, nothreads=False, big_writes=True,
+          max_read=1 << 20, max_write=1 << 20, default_permissions=True, atomic_o_trunc=True, allow_other=os.getuid() == 0,
+          attr_timeout=ATTR_TIMEOUT, entry_timeout=ATTR_TIMEOUT)  # fmt: skip

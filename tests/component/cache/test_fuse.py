@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ringseed.fs import reading
 from ringseed.local import cacheswarm
 
 MiB = 1 << 20
@@ -140,3 +141,49 @@ def test_datasets_are_files_under_the_mount(mounted: Path) -> None:
     with pytest.raises(OSError) as caught:
         (mounted / "data" / "toy" / "new.txt").write_text("no")
     assert caught.value.errno in (errno.EROFS, errno.EACCES)
+
+
+def _memory_hits(swarm: cacheswarm.CacheSwarm) -> int:
+    status = swarm.agent_status("node-0")
+    assert status is not None
+    return int(status["sources"]["memory"])
+
+
+def test_a_file_read_again_comes_from_the_page_cache_and_a_rewrite_is_read_anew(
+    mounted: Path, swarm: cacheswarm.CacheSwarm
+) -> None:
+    first, second = os.urandom(3 * MiB + 5), os.urandom(2 * MiB + 7)
+    path = mounted / "again.bin"
+    path.write_bytes(first)
+    assert path.read_bytes() == first
+    asked = _memory_hits(swarm)
+    assert path.read_bytes() == first
+    assert _memory_hits(swarm) == asked  # no chunk asked of the agent: the kernel kept the pages
+    path.write_bytes(second)  # a new version of the path
+    assert path.read_bytes() == second
+    assert _memory_hits(swarm) > asked
+
+
+class _Reader(reading.ChunkedReader):
+    def __init__(self, path: str, identity: str) -> None:
+        super().__init__()
+        self.path, self.identity, self.size, self.spans = path, identity, 0, []
+
+
+def test_the_page_cache_is_kept_only_for_the_same_content_and_bypassed_while_two_are_open() -> None:
+    from ringseed.fs import fuse
+
+    ops = fuse.CacheOperations(fs=None, root="")  # type: ignore[arg-type]
+    v1 = ops._add(_Reader("ck/a.pt", "v1"))
+    assert ops.page_cache(v1) == (False, False)  # first open: no pages to trust
+    v1_again = ops._add(_Reader("ck/a.pt", "v1"))
+    assert ops.page_cache(v1_again) == (True, False)  # the same content: keep the pages
+    other = ops._add(_Reader("ck/b.pt", "v7"))
+    assert ops.page_cache(other) == (False, False)  # another path is another file
+    v2 = ops._add(_Reader("ck/a.pt", "v2"))
+    assert ops.page_cache(v2) == (False, True)  # v1 still open: the kernel's pages could be either
+    ops.handles.pop(v1)
+    ops.handles.pop(v1_again)
+    v2_again = ops._add(_Reader("ck/a.pt", "v2"))
+    assert ops.page_cache(v2_again) == (False, False)  # alone again: drop what is cached, cache anew
+    assert ops.page_cache(ops._add(_Reader("ck/a.pt", "v2"))) == (True, False)

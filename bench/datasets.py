@@ -1,13 +1,14 @@
 """Datasets on the netns testbed: ringseed's read-through cache vs each node reading S3 vs fsspec's file cache.
 
     sudo .venv/bin/python -m bench.datasets --nodes 4 --size 1Gi --origin-rate 100mbit --node-rate 1gbit \\
-        [--layouts large,small] [--small-files 10000] [--methods ringseed,direct,simplecache,local] [--json OUT]
+        [--layouts large,small] [--small-files 10000] [--methods ringseed,fuse,direct,simplecache,local] [--json OUT]
 
 Hosts: ``origin`` (a moto S3 server holding the dataset, and ringseed's cache masters) behind
 ``--origin-rate``, N nodes behind ``--node-rate``. For each layout (``large``: 8 files; ``small``:
 ``--small-files`` files of equal size) and method, every node reads every file in listing order for
 two epochs, all nodes starting at one gate. Methods:
 - ``ringseed``: ``ringseed://data/ds`` through the node's cache agent (peers first, the source once);
+- ``fuse``: the same through ``ringseed mount --root data`` (plain files; epoch 2 from the page cache);
 - ``direct``: fsspec's s3fs straight from S3 on every node (no cache: epoch 2 pays again);
 - ``simplecache``: ``simplecache::s3://`` (fsspec's whole-file local cache, per node);
 - ``local``: the same files from the node's local disk (copied there first; page cache warm): the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import shutil
 import subprocess
@@ -112,15 +114,35 @@ class Bench:
             assert time.monotonic() < deadline, f"cache agents did not register: {status}"
             time.sleep(0.3)
 
+    def mount(self, host: netns.Host, layout: str, env: dict[str, str]) -> tuple[subprocess.Popen[Any], Path]:
+        """``ringseed mount --root data`` of the node's cache; here, not in the node's namespace: the
+        mount reaches its agent over the Unix socket and a mount made inside ``ip netns exec`` is
+        seen only there."""
+        point = self.work / "mnt" / layout / host.name
+        point.mkdir(parents=True, exist_ok=True)
+        argv = [common.PY, "-m", "ringseed.cli", "mount", str(point), "--root", "data"]
+        proc = common.spawn(None, argv, log=self.work / f"logs/mount-{layout}-{host.name}.log", env=env)
+        deadline = time.monotonic() + 60
+        while not os.path.ismount(point):
+            assert proc.poll() is None and time.monotonic() < deadline, f"mount at {point} did not appear"
+            time.sleep(0.1)
+        return proc, point
+
     def read(self, method: str, layout: str, source: Path) -> dict[str, Any]:
         gate = self.work / f"gate-{method}-{layout}"
         gate.unlink(missing_ok=True)
-        cache = self.start_cache(layout) if method == "ringseed" else []
-        readers = []
+        cache = self.start_cache(layout) if method in ("ringseed", "fuse") else []
+        readers, mounts = [], []
         for host in self.tb.nodes:
             env = dict(self.env, RINGSEED_CACHE_SOCKET=str(self.sockets / f"{layout}-{host.name}.sock"))
+            where: netns.Host | None = host
+            if method == "fuse":
+                proc, point = self.mount(host, layout, env)
+                mounts.append((proc, point))
+                where = None  # with its mount
             url = {
                 "ringseed": "ringseed://data/ds",
+                "fuse": str(self.work / "mnt" / layout / host.name / "ds"),
                 "direct": f"s3://{BUCKET}/{layout}",
                 "simplecache": f"simplecache::s3://{BUCKET}/{layout}",
                 "local": str(self._local_copy(host, layout, source)),
@@ -128,13 +150,16 @@ class Bench:
             cache_dir = self.work / "fsspec-cache" / layout / host.name
             argv = [common.PY, "-m", "bench.datasets_worker", url, "--epochs", "2", "--gate", str(gate),
                     "--s3-endpoint", self.s3, "--cache-dir", str(cache_dir)]  # fmt: skip
-            readers.append(common.spawn(host, argv, log=self.work / f"logs/{method}-{layout}-{host.name}.log", env=env))
+            log = self.work / f"logs/{method}-{layout}-{host.name}.log"
+            readers.append(common.spawn(where, argv, log=log, env=env))
         time.sleep(1.0)  # the readers import fsspec and wait at the gate
         before = common.sent_bytes(self.tb.origin)
         common.gate(gate)
         results = [json.loads(common.read_line(p, timeout=7200, what=f"{method} reader")) for p in readers]
         origin_bytes = common.sent_bytes(self.tb.origin) - before
-        for proc in [*readers, *cache]:
+        for _, point in mounts:
+            subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
+        for proc in [*readers, *(m for m, _ in mounts), *cache]:
             proc.terminate()
             proc.wait(10)
         shutil.rmtree(self.shm / layout, ignore_errors=True)
@@ -162,7 +187,7 @@ def main() -> int:
     parser.add_argument("--size", default="1Gi")
     parser.add_argument("--small-files", type=int, default=10_000)
     parser.add_argument("--layouts", default="large,small")
-    parser.add_argument("--methods", default="ringseed,direct,simplecache,local")
+    parser.add_argument("--methods", default="ringseed,fuse,direct,simplecache,local")
     parser.add_argument("--origin-rate", default="100mbit")
     parser.add_argument("--node-rate", default="1gbit")
     parser.add_argument("--chunk-size", default="32Mi")
@@ -193,7 +218,9 @@ def main() -> int:
             try:
                 bench.close()
             finally:
-                for bulky in ("src", "local", "fsspec-cache"):  # gigabytes per run; the logs stay
+                for point in (work / "mnt").glob("*/*"):  # a run cut short may leave mounts
+                    subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
+                for bulky in ("src", "local", "fsspec-cache", "mnt"):  # gigabytes per run; the logs stay
                     shutil.rmtree(work / bulky, ignore_errors=True)
     report(rows, nodes=args.nodes, origin_rate=links.parse_rate(args.origin_rate))
     print(f"logs: {work / 'logs'}")

@@ -244,5 +244,5 @@ class _Fuse(FUSE):  # type: ignore[misc]
 def mount(fs: spec.RingseedFileSystem, mountpoint: str, *, root: str = "", foreground: bool = True) -> None:
     """Mount ``fs`` (its directory ``root``) at ``mountpoint`` until unmounted (blocks in the foreground)."""
     _Fuse(CacheOperations(fs, root=root), mountpoint, foreground=foreground, nothreads=False, big_writes=True,
-          max_read=1 << 20, max_write=1 << 20, default_permissions=True, atomic_o_trunc=True, allow_other=os.getuid() == 0,
-          attr_timeout=ATTR_TIMEOUT, entry_timeout=ATTR_TIMEOUT)  # fmt: skip
+          max_read=1 << 20, max_write=1 << 20, default_permissions=True, allow_other=os.getuid() == 0,
+          atomic_o_trunc=True, attr_timeout=ATTR_TIMEOUT, entry_timeout=ATTR_TIMEOUT)  # fmt: skip

@@ -62,7 +62,7 @@ from ringseed.agent import (
     stream,
     tracker_client,
 )
-from ringseed.protocol import agentcore, agentsteps, backoff, manifest, revision
+from ringseed.protocol import agentcore, agentsteps, backoff, digests, manifest, pacing, revision, watches
 
 log = logging.getLogger(__name__)
 MAX_ANNOUNCE = 4096
@@ -141,7 +141,7 @@ class Agent:
         self.must_republish = False
         self.check = atrest.CheckState()
         self.problems = problems.Problems()
-        self.heartbeat_interval = 1.0
+        self.pacer = pacing.Pacer(interval=1.0, gap=0.05)  # the tracker's pace replaces it
         self.url = ""
         self.metrics = web.Metrics()
         self.changed = asyncio.Event()
@@ -319,7 +319,7 @@ class Agent:
             layout=rev.layout.to_dict() if rev is not None else None,
             revision=rev.to_dict() if rev is not None else None,
         )
-        self.heartbeat_interval = float(reply.get("heartbeat_interval", 1.0))
+        self.pacer.follow(interval=reply.get("heartbeat_interval"), gap=reply.get("early_gap"))
         self.sync_state = {"epoch": reply.get("epoch"), "since": None}
         self.core.registered(held)  # a chunk verified or dropped while the call ran is still told
         self.core.tracker_moved(reply.get("revision"))
@@ -330,11 +330,26 @@ class Agent:
 
     # -- heartbeats ------------------------------------------------------------------------
 
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between regular heartbeats, as the tracker last told (its pace)."""
+        return self.pacer.interval
+
     async def _sync_loop(self) -> None:
+        """Heartbeat at the tracker's pace: every interval, early when there is news to tell
+        (``news``: a verified chunk, a drop, a problem) but never sooner than the gap after the
+        last one (:class:`ringseed.protocol.pacing.Pacer`)."""
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.news.wait(), timeout=self.heartbeat_interval)
+            wait = self.pacer.due(now=time.monotonic(), news=self.news.is_set())
+            if wait > 0:
+                if self.news.is_set():
+                    await asyncio.sleep(wait)
+                else:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self.news.wait(), timeout=wait)
+                continue
             self.news.clear()
+            self.pacer.sent(now=time.monotonic())
             try:
                 await self._heartbeat()
             except tracker_client.UnknownNode:
@@ -342,7 +357,6 @@ class Agent:
                 await self._register_quietly()
             except tracker_client.TrackerClientError as exc:
                 log.info("Heartbeat failed: %s", exc)
-            await asyncio.sleep(min(0.05, self.heartbeat_interval / 4))
 
     async def _register_quietly(self) -> None:
         with contextlib.suppress(tracker_client.TrackerClientError):
@@ -369,6 +383,7 @@ class Agent:
             if generation == self.generation:
                 self.core.announcements_failed(batch, drops)
             raise
+        self.pacer.follow(interval=reply.get("heartbeat_interval"), gap=reply.get("early_gap"))
         if self.core.announce or self.core.dropped:
             self.news.set()
         if generation != self.generation:  # moved to another revision meanwhile: this reply is stale
@@ -406,7 +421,11 @@ class Agent:
         if reply.get("epoch") == self.sync_state.get("epoch") and since is not None and version < since:
             return False
         self.sync_state = {"epoch": reply.get("epoch"), "since": version if version >= 0 else None}
-        hashes = {int(key): str(digest) for key, digest in reply.get("hashes", {}).items()}
+        try:
+            hashes = digests.unpack(reply.get("hash_runs", []))
+        except digests.DigestError as exc:  # (a master of another release; the rest still counts)
+            log.warning("The tracker's reply has hashes this agent cannot read: %s", exc)
+            hashes = {}
         if hashes:
             self.hashes_news.set()
         for index in self.core.learn_hashes(hashes):
@@ -428,6 +447,7 @@ class Agent:
         """Wait for news of ``chunks`` (None: of any chunk we lack) from the tracker, at most
         ``wait`` seconds (a long-poll, never a poll), and take the news in."""
         generation = self.generation
+        wait = min(wait, watches.MAX_WAIT)  # (the pace's interval may be longer than a watch may last)
         body = {**self.sync_state, "chunks": chunks, "wait": wait}
         try:
             reply = await self.tracker.watch(body, wait=wait)

@@ -38,6 +38,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--heartbeat-interval", type=cmdline.positive_seconds, default=2.0, help="seconds between heartbeats"
     )
     parser.add_argument(
+        "--heartbeat-rate",
+        type=cmdline.non_negative_int,
+        default=1000,
+        help="tracker: heartbeats per second the swarm's pace aims at: a larger swarm is told a longer "
+        "interval and gap (0: every node keeps --heartbeat-interval and --early-gap)",
+    )
+    parser.add_argument(
+        "--early-gap",
+        type=cmdline.positive_seconds,
+        default=0.05,
+        help="tracker: least seconds between a node's early heartbeats (news to tell) in a small swarm",
+    )
+    parser.add_argument(
         "--heartbeat-timeout", type=cmdline.positive_seconds, default=10.0, help="coordinator: seconds to lose a peer"
     )
     parser.add_argument(
@@ -98,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
             replies=tracker_log.Replies(args.heartbeat_replies),
             lock=lock,
             url=(args.advertise_url or "").rstrip("/"),
+            heartbeat_rate=float(args.heartbeat_rate) or None,
+            early_gap=args.early_gap,
         )
     else:
         from ringseed.master import coordinator  # type: ignore[attr-defined,unused-ignore]

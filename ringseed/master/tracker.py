@@ -11,13 +11,19 @@ Endpoints (bodies are JSON objects; chunk indices are ints in ``[0, MAX_INDEX]``
 lowercase hex SHA-256, node names 1-253 of ``[A-Za-z0-9._-]`` starting with a letter or digit):
 
 - ``POST /v1/register`` ``{node, url, session, chunks?: {index: hash}, layout?: Layout.to_dict(),
-  revision?: Revision.to_dict()}`` -> ``{epoch, heartbeat_interval, offline_after, rejected: [index],
-  revision: id|null}`` (chunks of another revision than the tracker's are all rejected)
+  revision?: Revision.to_dict()}`` -> ``{epoch, heartbeat_interval, early_gap, offline_after,
+  rejected: [index], revision: id|null}`` (chunks of another revision than the tracker's are all
+  rejected)
 - ``POST /v1/heartbeat`` ``{node, load?, counters?: {origin_bytes, fetched_bytes, uploaded_bytes},
   chunks?: [[index, hash|null, from?]], dropped?: [index], verified_digest?, since?: int|null,
   epoch?, problem?: {reason, message}|null, revision?: str|null}``
   -> ``{epoch, origin_duty, rejected, layout_known, suspect: [index], revision: id|null,
-  revision_confirmed}`` plus the *view* (below).
+  revision_confirmed, heartbeat_interval, early_gap}`` plus the *view* (below).
+  ``heartbeat_interval`` and ``early_gap`` are the node's pace (:mod:`ringseed.protocol.pacing`):
+  heartbeat every ``heartbeat_interval`` seconds, and when there is news to tell (a verified
+  chunk, a drop, a problem) no sooner than ``early_gap`` seconds after the last heartbeat. Both
+  grow with the swarm so that it sends at most ``--heartbeat-rate`` heartbeats per second;
+  a node waiting for news of chunks watches (below) instead of heartbeating.
   ``chunks`` are batched announcements of verified chunks; a hash rides along only from the
   origin-duty node; ``from`` names the node the chunk was fetched (or streamed) from, null or
   absent when it came from the origin: it is the evidence that the node serves good chunks.
@@ -32,13 +38,14 @@ lowercase hex SHA-256, node names 1-253 of ``[A-Za-z0-9._-]`` starting with a le
   ``revision`` is not the tracker's gets an empty view (``version: -1``) and its chunks are
   ignored; the reply's ``revision`` (the swarm's) tells it which revision to move to.
 - The *view* (:class:`ringseed.protocol.tracker.View`): ``{version, full, availability?,
-  avail?: {level: [index]}, hashes?: {index: hash}, pulling?: [index], pulling_stopped?:
-  [index]}``, absent keys empty. ``since`` names the ``version`` of the last view the node
+  avail?: {level: [index]}, hash_runs?: [[first, base64]], pulling?: [index], pulling_stopped?:
+  [index]}``, absent keys empty; ``hash_runs`` are the hashes learned as runs of binary digests
+  of consecutive chunks (:mod:`ringseed.protocol.digests`). ``since`` names the ``version`` of the last view the node
   absorbed (with ``epoch``; null or absent: none). ``full``: ``availability`` is every chunk's
   level and ``pulling`` every chunk being pulled (replace). Otherwise ``avail`` maps a level
   (0, 1, 2, 4, ...) to the chunks the node lacks that reached it since ``since``,
-  ``pulling``/``pulling_stopped`` the pulls that started/ended, ``hashes`` the hashes learned
-  (of chunks the node lacks), and with ``--heartbeat-replies full`` ``availability`` is the
+  ``pulling``/``pulling_stopped`` the pulls that started/ended, ``hash_runs`` the hashes
+  learned (of chunks the node lacks), and with ``--heartbeat-replies full`` ``availability`` is the
   whole vector of exact counts whenever one changed. A view whose ``version`` is below the
   node's current one is stale (a reply that crossed a newer one) and is skipped.
 - ``POST /v1/watch`` ``{node, since, epoch, chunks?: [index]|null, wait}`` -> ``{epoch}`` plus the
@@ -76,7 +83,7 @@ from aiohttp import web as aioweb
 from ringseed import web
 from ringseed.master import election as locks
 from ringseed.master import replica
-from ringseed.protocol import election, manifest, revision, tracker, tracker_log, watches
+from ringseed.protocol import digests, election, manifest, pacing, revision, tracker, tracker_log, watches
 
 MAX_BODY_BYTES = 16 << 20
 MAX_INDEX = (1 << 31) - 1
@@ -99,6 +106,8 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 DIGITS = re.compile(r"[0-9]{1,10}")
 _dumps = functools.partial(json.dumps, separators=(",", ":"))
 REPLICA_KEY = aioweb.AppKey("tracker_replica", replica.SoftReplica)
+DEFAULT_RATE = 1000.0  # heartbeats per second one tracker core serves with room to spare (BENCHMARKS section 9)
+DEFAULT_GAP = 0.05  # seconds between a node's early heartbeats in a small swarm
 
 
 def create_app(
@@ -110,13 +119,21 @@ def create_app(
     replies: tracker_log.Replies = tracker_log.Replies.DELTA,
     lock: locks.Lock | None = None,
     url: str = "",
+    heartbeat_rate: float | None = DEFAULT_RATE,
+    early_gap: float = DEFAULT_GAP,
 ) -> aioweb.Application:
     """The tracker-role application; ``replies``: how heartbeat replies tell availability
     (``FULL``: the behaviour before deltas, for comparison); ``lock``: this replica leads only
     while it holds it (:mod:`ringseed.master.replica`; None: a single replica), ``url`` is where
-    it answers (named to followers' callers)."""
+    it answers (named to followers' callers); ``heartbeat_rate``: heartbeats per second the
+    swarm's pace aims at (None: every node keeps ``heartbeat_interval`` and ``early_gap``)."""
     settings = _Settings(
-        offline_after=offline_after, heartbeat_interval=heartbeat_interval, seeders=seeders, replies=replies
+        offline_after=offline_after,
+        heartbeat_interval=heartbeat_interval,
+        seeders=seeders,
+        replies=replies,
+        heartbeat_rate=heartbeat_rate,
+        early_gap=early_gap,
     )
     api = _Api(settings)
     timing = election.lease_timing(takeover_within=offline_after)
@@ -264,12 +281,16 @@ def _view(view: tracker.View) -> dict[str, Any]:
     if view.levels:
         out["avail"] = {str(level): indices for level, indices in view.levels.items()}
     if view.hashes:
-        out["hashes"] = {str(i): h for i, h in view.hashes.items()}
+        out["hash_runs"] = digests.pack(view.hashes)
     if view.pulling:
         out["pulling"] = view.pulling
     if view.pulling_stopped:
         out["pulling_stopped"] = view.pulling_stopped
     return out
+
+
+def _pace(pace: pacing.Pace | None) -> dict[str, float]:
+    return {} if pace is None else {"heartbeat_interval": pace.interval, "early_gap": pace.gap}
 
 
 def _counters(body: dict[str, Any]) -> dict[str, int]:
@@ -322,6 +343,8 @@ class _Settings:
     heartbeat_interval: float
     seeders: int
     replies: tracker_log.Replies
+    heartbeat_rate: float | None
+    early_gap: float
 
 
 class _Api:
@@ -329,7 +352,6 @@ class _Api:
 
     def __init__(self, settings: _Settings) -> None:
         self.settings = settings
-        self.heartbeat_interval = settings.heartbeat_interval
         self.state = self._fresh()
         self.replica: replica.SoftReplica
         self.rng = random.Random()
@@ -354,6 +376,11 @@ class _Api:
             now=time.monotonic(),
             claim_grace=2 * self.settings.heartbeat_interval,
             replies=self.settings.replies,
+            budget=pacing.Budget(
+                interval=self.settings.heartbeat_interval,
+                gap=self.settings.early_gap,
+                rate=self.settings.heartbeat_rate,
+            ),
         )
 
     def install(self) -> None:
@@ -391,8 +418,9 @@ class _Api:
         source = _source(body)
         if source is not None and layout is None:
             layout = source.layout
+        node = _name(body)
         rejected = self.state.register(
-            node=_name(body),
+            node=node,
             url=str(web.text(body, "url", max_length=2048, pattern=URL, what="an http(s) URL")),
             session=str(web.text(body, "session", max_length=128, pattern=TOKEN, what="a session id")),
             now=time.monotonic(),
@@ -401,10 +429,13 @@ class _Api:
             source=source,
         )
         self.wake()
+        pace = self.state.pace(node, now=time.monotonic())
+        assert pace is not None  # (the master's tracker always has a budget)
         return aioweb.json_response(
             {
                 "epoch": self.state.epoch,
-                "heartbeat_interval": self.heartbeat_interval,
+                "heartbeat_interval": pace.interval,
+                "early_gap": pace.gap,
                 "offline_after": self.state.offline_after,
                 "rejected": rejected,
                 "revision": self.state.revision,
@@ -437,6 +468,7 @@ class _Api:
             "suspect": reply.suspect,
             "revision": reply.revision,
             "revision_confirmed": reply.revision_confirmed,
+            **_pace(reply.pace),
             **_view(reply.view),
         }
         return aioweb.json_response(out, dumps=_dumps)

@@ -10,6 +10,11 @@ Rules:
   ``offline_after`` seconds is purged by :meth:`Tracker.purge`: its holdings stop counting,
   its origin assignments are released and its origin duty moves to another online node.
   A purged node that comes back re-registers; its record starts afresh from what it announces.
+- Pacing (:mod:`ringseed.protocol.pacing`, with a ``budget``): every heartbeat reply names the
+  node's pace, the regular interval and the least gap between its early heartbeats, scaled with
+  the number of registered nodes so that the swarm stays within the budget's heartbeats per
+  second (origin-duty nodes keep the base gap); ``offline_after`` grows to 3 intervals while a
+  slower pace than the base one is in force, and returns to the configured value after.
 - Source revision (``ringseed.protocol.revision``): the tracker distributes one revision at a
   time (``source``; ``revision`` is its id). The first one known (published by the agent on
   origin duty, or restored from a registration after a master restart) is *unconfirmed* until
@@ -87,7 +92,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ringseed.protocol import assignments, choice, holdings, manifest, tracker_log, tracker_view, trust, watches
+from ringseed.protocol import assignments, choice, holdings, manifest, pacing, tracker_log, tracker_view, trust, watches
 from ringseed.protocol import revision as revisions  # (``Tracker.revision`` is the current id)
 
 MAX_CHUNKS = 1 << 21  # 2 TiB at the smallest chunk size, 128 TiB at the default
@@ -190,6 +195,7 @@ class HeartbeatReply:
     suspect: list[int] = field(default_factory=list)
     revision: str | None = None
     revision_confirmed: bool = False
+    pace: pacing.Pace | None = None  # None: the tracker sets no pace (no ``budget``)
 
 
 class Tracker:
@@ -208,11 +214,14 @@ class Tracker:
         stall_factor: float = assignments.FACTOR,
         stall_slack: float | None = None,
         stall_cooloff: float = STALL_COOLOFF,
+        budget: pacing.Budget | None = None,
     ) -> None:
         self.epoch = epoch
+        self.budget = budget
         self.claim_grace = claim_grace
         self.claims_from = now + claim_grace
-        self.offline_after = offline_after
+        self.configured_offline = offline_after
+        self.offline_after = offline_after  # the configured silence, longer while the pace is slow (``budget``)
         self.seeders = max(1, seeders)
         self.replies = replies
         self.layout: manifest.Layout | None = None
@@ -523,6 +532,7 @@ class Tracker:
         self._refresh_duty(now)
         return HeartbeatReply(
             origin_duty=node in self.duty,
+            pace=self.pace(node, now=now),
             view=self._view(state, since=since, epoch=epoch, also=lost) if ours else View(version=-1),
             rejected=rejected,
             layout_known=self.layout is not None,
@@ -530,6 +540,14 @@ class Tracker:
             revision=self.revision,
             revision_confirmed=self.confirmed,
         )
+
+    def pace(self, node: str, *, now: float) -> pacing.Pace | None:
+        """The pace ``node`` is told now (:mod:`ringseed.protocol.pacing`; None without a budget)."""
+        if self.budget is None:
+            return None
+        told = self.budget.told(self.budget.pace(nodes=len(self.nodes), duty=node in self.duty), now=now)
+        self.offline_after = max(self.offline_after, self.budget.silence(now=now))
+        return told
 
     def _ours(self, state: NodeState) -> bool:
         return state.revision is None or self.revision is None or state.revision == self.revision
@@ -656,6 +674,8 @@ class Tracker:
         for longer than ``offline_after``, take origin duty from stuck pullers, then judge the
         evidence gathered since the last pass (and let old evidence decay); returns the names of
         the nodes dropped."""
+        if self.budget is not None:
+            self.offline_after = max(self.configured_offline, self.budget.silence(now=now))
         gone = [n for n, s in self.nodes.items() if now - s.last_seen > self.offline_after]
         for name in gone:
             state = self.nodes.pop(name)

@@ -18,6 +18,7 @@ from ringseed.agent import tracker_client
 from ringseed.local import swarm
 from ringseed.master import election as locks
 from ringseed.master import tracker
+from ringseed.protocol import digests
 
 TOKEN = "t0ken"
 H = "ab" * 32
@@ -105,4 +106,4 @@ async def test_a_watch_is_answered_by_a_new_copy_and_otherwise_by_its_deadline()
         assert not watching.done()
         await puller.heartbeat({"chunks": [[0, H, None]]})  # on origin duty: the first copy of chunk 0
         news = await asyncio.wait_for(watching, timeout=10)  # woken by the copy, long before 30 s
-        assert news["avail"] == {"1": [0]} and news["hashes"] == {"0": H}
+        assert news["avail"] == {"1": [0]} and digests.unpack(news["hash_runs"]) == {0: H}

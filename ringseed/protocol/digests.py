@@ -1,0 +1,66 @@
+"""Chunk hashes on the wire in runs: the binary digests of consecutive chunks, base64 in one string.
+
+A reply that tells a node the hashes it learned (``ringseed/master/tracker.py``) carries
+``hash_runs: [[first, base64], ...]``: ``base64`` is the concatenated 32-byte SHA-256 digests of
+chunks ``first, first + 1, ...``. Hashes are learned mostly in chunk order (origin pulls take
+the lowest unheld chunks first), so runs are long and a hash costs about 43 bytes instead of the
+~72 of ``"index":"64 hex digits",``; the floor is the 32 bytes of the digest itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from typing import Any
+
+DIGEST_BYTES = 32
+MAX_INDEX = (1 << 31) - 1
+
+
+class DigestError(ValueError):
+    """Runs that do not decode (the message names the problem)."""
+
+
+def pack(hashes: Mapping[int, str]) -> list[list[int | str]]:
+    """``{index: hex digest}`` as runs of consecutive indices (an empty digest is left out)."""
+    runs: list[list[int | str]] = []
+    first, raw = -2, bytearray()
+    last = -2
+    for index in sorted(hashes):
+        digest = hashes[index]
+        if not digest:
+            continue
+        if index != last + 1 and raw:
+            runs.append([first, base64.b64encode(raw).decode("ascii")])
+            raw = bytearray()
+        if not raw:
+            first = index
+        raw += bytes.fromhex(digest)
+        last = index
+    if raw:
+        runs.append([first, base64.b64encode(raw).decode("ascii")])
+    return runs
+
+
+def unpack(runs: Any) -> dict[int, str]:
+    """The ``{index: hex digest}`` of ``runs`` (:class:`DigestError` naming what is wrong)."""
+    if not isinstance(runs, list):
+        raise DigestError("hash_runs must be a list of [first index, base64 digests]")
+    out: dict[int, str] = {}
+    for n, run in enumerate(runs):
+        if not isinstance(run, list) or len(run) != 2 or type(run[0]) is not int or not isinstance(run[1], str):
+            raise DigestError(f"hash_runs[{n}] must be [first index, base64 digests]")
+        first, text = run
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise DigestError(f"hash_runs[{n}] is not base64: {exc}") from None
+        if not raw or len(raw) % DIGEST_BYTES:
+            raise DigestError(f"hash_runs[{n}] holds {len(raw)} bytes, not a whole number of 32-byte digests")
+        count = len(raw) // DIGEST_BYTES
+        if first < 0 or first + count - 1 > MAX_INDEX:
+            raise DigestError(f"hash_runs[{n}] names chunks out of range")
+        for k in range(count):
+            out[first + k] = raw[k * DIGEST_BYTES : (k + 1) * DIGEST_BYTES].hex()
+    return out

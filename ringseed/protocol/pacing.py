@@ -1,0 +1,106 @@
+"""Heartbeat pacing: the tracker names how often agents may call it, scaled to what it can serve.
+
+Pure: no I/O; time is the ``now`` argument (seconds, any monotonic origin).
+
+Two sides:
+- :class:`Budget` (the tracker): a swarm of ``nodes`` agents is told a regular heartbeat
+  ``interval`` and the least ``gap`` between two heartbeats of one agent (an agent heartbeats
+  early when it has news: a verified chunk to announce, a drop, a problem), so that the swarm
+  sends at most ``rate`` heartbeats per second, whatever it does: ``gap = max(base gap,
+  nodes / rate)``, ``interval = max(base interval, gap)``. The few nodes on origin duty keep
+  the base gap (the hashes they announce are what streaming receivers wait for): they add
+  at most ``seeders / base gap`` heartbeats per second to the budget. An agent told
+  an interval may be silent that long, so once the pace is slower than the base one, a node
+  counts as offline only after :data:`FACTOR` (3) times the largest interval still in force
+  (told less than 3 such intervals ago) if that is longer than the configured silence
+  (:meth:`Budget.silence`): the purge rule follows the pace, with no window in which a slower
+  pace already told makes live nodes look silent. A swarm small enough for the base pace keeps
+  the configured silence exactly.
+- :class:`Pacer` (the agent): when the next heartbeat is due; the regular one ``interval``
+  after the last, an early one (news waiting) no sooner than ``gap`` after the last. It takes
+  the values from every reply that names them and keeps the last ones otherwise (a master of an
+  older release names none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FACTOR = 3.0  # offline after this many intervals in force
+MIN_GAP = 0.01  # seconds; the least gap an agent accepts from a reply (bounds a bad reply)
+MAX_INTERVAL = 300.0  # seconds; the largest interval an agent accepts from a reply
+
+
+@dataclass(frozen=True)
+class Pace:
+    """What one node is told: heartbeat every ``interval`` seconds, early ones no sooner than
+    ``gap`` after the last."""
+
+    interval: float
+    gap: float
+
+
+class Budget:
+    """The tracker's side: the pace of a swarm and the silence it implies.
+
+    ``rate``: heartbeats per second the tracker aims to serve (None: no scaling, every node is
+    told the base pace, the behaviour before pacing)."""
+
+    def __init__(self, *, interval: float, gap: float, rate: float | None = None) -> None:
+        if rate is not None and rate <= 0:
+            raise ValueError("the heartbeat rate budget must be positive")
+        self.base = Pace(interval=interval, gap=min(gap, interval))
+        self.rate = rate
+        self._told = self.base.interval  # the largest interval in force ...
+        self._told_until = 0.0  # ... until then (a node told it is offline if silent by then)
+
+    def pace(self, *, nodes: int, duty: bool = False) -> Pace:
+        """The pace of a node in a swarm of ``nodes`` (``duty``: it holds origin duty)."""
+        if self.rate is None:
+            return self.base
+        gap = max(self.base.gap, nodes / self.rate)
+        interval = max(self.base.interval, gap)
+        return Pace(interval=interval, gap=self.base.gap if duty else gap)
+
+    def told(self, pace: Pace, *, now: float) -> Pace:
+        """Record that a node was told ``pace`` now (it heartbeats again within its interval)."""
+        until = now + FACTOR * pace.interval  # a node told it now may be silent that long
+        if pace.interval > self._told or now > self._told_until:
+            self._told, self._told_until = pace.interval, until
+        elif pace.interval == self._told:
+            self._told_until = max(self._told_until, until)
+        return pace
+
+    def silence(self, *, now: float) -> float:
+        """The least silence after which a node may count as offline now: :data:`FACTOR` times
+        the largest interval in force while that is slower than the base pace, else 0 (the
+        configured ``offline_after`` rules)."""
+        told = self._told if now <= self._told_until else self.base.interval
+        return FACTOR * told if told > self.base.interval else 0.0
+
+
+class Pacer:
+    """The agent's side: when its next heartbeat is due."""
+
+    def __init__(self, *, interval: float, gap: float) -> None:
+        self.interval = interval
+        self.gap = min(gap, interval)
+        self.last = -float("inf")
+
+    def follow(self, *, interval: object, gap: object) -> None:
+        """Take the pace a reply named (values that are missing or not numbers are ignored;
+        the rest are bounded to ``[MIN_GAP, MAX_INTERVAL]``)."""
+        if isinstance(interval, int | float) and not isinstance(interval, bool) and interval > 0:
+            self.interval = min(MAX_INTERVAL, max(MIN_GAP, float(interval)))
+        if isinstance(gap, int | float) and not isinstance(gap, bool) and gap >= 0:
+            self.gap = max(MIN_GAP, float(gap))
+        self.gap = min(self.gap, self.interval)
+
+    def sent(self, *, now: float) -> None:
+        """A heartbeat left now."""
+        self.last = now
+
+    def due(self, *, now: float, news: bool) -> float:
+        """Seconds until the next heartbeat is due (0: now): ``gap`` after the last with news
+        waiting, else ``interval`` after it."""
+        return max(0.0, self.last + (self.gap if news else self.interval) - now)

@@ -1,0 +1,45 @@
+"""Hashes on the wire as runs of binary digests: round trip, runs, size, and clear refusals."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from ringseed.protocol import digests
+
+
+def digest(index: int) -> str:
+    return hashlib.sha256(b"%d" % index).hexdigest()
+
+
+def test_runs_round_trip_and_cost_about_the_digest_itself() -> None:
+    hashes = {i: digest(i) for i in [*range(100, 140), 7, 9, 10, 500]}
+    runs = digests.pack(hashes)
+    assert [run[0] for run in runs] == [7, 9, 100, 500]  # consecutive chunks share a run
+    assert digests.unpack(json.loads(json.dumps(runs))) == hashes
+    wire = len(json.dumps(runs, separators=(",", ":")))
+    hex_map = len(json.dumps({str(i): h for i, h in hashes.items()}, separators=(",", ":")))
+    assert wire < 0.62 * hex_map and wire < 46 * len(hashes)  # ~43 B a hash against ~72 B
+    assert digests.pack({}) == [] and digests.unpack([]) == {}
+    assert digests.pack({3: "", 4: digest(4)}) == [[4, digests.pack({0: digest(4)})[0][1]]]  # unknown: left out
+
+
+@pytest.mark.parametrize(
+    ("runs", "named"),
+    [
+        ({"0": "x"}, "must be a list"),
+        ([[0]], r"hash_runs\[0\] must be"),
+        ([["0", "AAAA"]], r"hash_runs\[0\] must be"),
+        ([[True, "AAAA"]], r"hash_runs\[0\] must be"),
+        ([[0, "not base64!"]], "not base64"),
+        ([[0, "AAAA"]], "not a whole number of 32-byte digests"),
+        ([[0, ""]], "not a whole number"),
+        ([[-1, digests.pack({0: digest(0)})[0][1]]], "out of range"),
+        ([[digests.MAX_INDEX, digests.pack({0: digest(0), 1: digest(1)})[0][1]]], "out of range"),
+    ],
+)
+def test_bad_runs_are_refused_naming_the_problem(runs: object, named: str) -> None:
+    with pytest.raises(digests.DigestError, match=named):
+        digests.unpack(runs)

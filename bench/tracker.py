@@ -59,7 +59,8 @@ LINK = 10e9 / 8  # bytes/s
 HEX = "0123456789abcdef"
 VERSION = re.compile(rb'"version":(-?\d+)')
 REJECTED = re.compile(rb'"rejected":\[([^\]]*)\]')
-HASH_KEY = re.compile(rb'"(\d+)":"[0-9a-f]{64}"')
+RUN = re.compile(rb'\[(\d+),"([A-Za-z0-9+/]*)(=*)"\]')
+PACE = re.compile(rb'"heartbeat_interval":([0-9.e+-]+),"early_gap":([0-9.e+-]+)')
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class Plan:
     streams: int
     warmup: float
     measure: float
+    rate: int = 1000
     chunk: int = CHUNK
     total: int = TOTAL
     link: float = LINK
@@ -160,6 +162,7 @@ class Worker:
         self.since: dict[int, int] = {}  # each agent's view version (its heartbeats and waits share it)
         self.known: dict[int, int] = {}  # each agent knows the hashes of chunks 0 .. known - 1
         self.registering = asyncio.Semaphore(100)
+        self.pace: dict[int, tuple[float, float]] = {}  # each agent's (interval, gap) as last told
 
     def in_window(self, t: float) -> bool:
         return self.window[0] <= t < self.window[1]
@@ -204,7 +207,8 @@ class Worker:
     async def heartbeat(
         self, conn: Connection, agent: int, since: int | None, chunks: list[list[Any]], due: float
     ) -> tuple[int | None, list[int]]:
-        """One heartbeat; returns the view version it carried and the chunks it rejected."""
+        """One heartbeat; returns the view version it carried and the chunks it rejected (and
+        keeps the pace it named)."""
         body = json.dumps({"node": name_of(agent), "since": since, "epoch": self.epoch, "chunks": chunks, "load": 1})
         status, payload = await conn.request("POST", "/v1/heartbeat", body.encode())
         done = time.time()
@@ -215,22 +219,24 @@ class Worker:
         if self.in_window(due):
             self.samples.heartbeat.append(done - due)
             self.samples.reply_bytes.append(len(payload))
-            self.samples.hash_bytes.append(part_bytes(payload, b'"hashes":'))
+            self.samples.hash_bytes.append(part_bytes(payload, b'"hash_runs":'))
             self.samples.avail_bytes.append(part_bytes(payload, b'"avail":') + part_bytes(payload, b'"availability":'))
         refused = REJECTED.search(payload)
         rejected = [int(i) for i in refused.group(1).split(b",")] if refused and refused.group(1) else []
         self.samples.rejected += len(rejected)
         self.learn(agent, payload)
+        paced = PACE.search(payload)
+        if paced:
+            self.pace[agent] = (float(paced.group(1)), float(paced.group(2)))
         found = VERSION.search(payload)
         return (int(found.group(1)) if found else since), rejected
 
-    def learn(self, agent: int, payload: bytes) -> None:
-        """The hashes a reply told ``agent`` (the duty node learns them in chunk order)."""
-        at = payload.find(b'"hashes":{')
-        if at >= 0:
-            keys = HASH_KEY.findall(payload, at, payload.find(b"}", at))
-            if keys:
-                self.known[agent] = max(self.known.get(agent, 0), 1 + max(map(int, keys)))
+    def learn(self, agent: int, payload: bytes) -> list[range]:
+        """The hashes a reply told ``agent`` (the duty node learns them in chunk order), as ranges."""
+        told = hash_ranges(payload)
+        if told:
+            self.known[agent] = max(self.known.get(agent, 0), max(r.stop for r in told))
+        return told
 
     async def origin_duty(self, conn: Connection) -> None:
         """Claims chunks and announces each with its hash when it has been pulled."""
@@ -248,6 +254,9 @@ class Worker:
             await asyncio.sleep(min(0.05, plan.interval))
 
     async def follow(self, conn: Connection, agent: int) -> None:
+        """Heartbeats of one agent: every ``--interval`` (modes full, delta: the agent before
+        pacing, without its early heartbeats), or (paced) at the pace the tracker names: early,
+        ``gap`` after the last, when it got chunks since, else ``interval`` after it."""
         plan, rng = self.plan, self.rng
         sent, retry = 0, list[int]()
         due = self.start + rng.uniform(0, plan.interval)
@@ -267,7 +276,19 @@ class Worker:
             self.absorbed(agent, version)
             retry = rejected  # an agent holds a chunk only once it knows its hash: again next time
             sent = have
-            due += plan.interval
+            due = self.next_due(agent, due, sent)
+
+    def next_due(self, agent: int, last: float, sent: int) -> float:
+        """When ``agent`` heartbeats next. Paced: at its next verified chunk (it verifies only
+        chunks whose hash a reply told it) but no sooner than ``gap`` after the last, else
+        ``interval`` after it (it does not watch: a starved agent waits for its regular beat)."""
+        if self.plan.mode != "paced" or agent not in self.pace:
+            return last + self.plan.interval
+        interval, gap = self.pace[agent]
+        if self.known.get(agent, 0) <= sent:
+            return last + interval
+        verifies = self.start + self.lag[agent] + (sent + 1) / self.plan.origin_rate
+        return min(last + interval, max(last + gap, verifies))
 
     def absorbed(self, agent: int, version: int | None) -> None:
         if version is not None:
@@ -297,10 +318,9 @@ class Worker:
         issue 11 a heartbeat every 50 ms, now a watch of the chunk (again after unrelated news)."""
         t0 = time.time()
         deadline = t0 + 5.0
-        told = b'"%d":"' % index
         while time.time() < deadline:
             since = self.since.get(agent)
-            if self.plan.mode == "delta":
+            if self.plan.mode != "full":
                 body = {"node": name_of(agent), "since": since, "epoch": self.epoch, "chunks": [index], "wait": 5.0}
                 status, payload = await conn.request("POST", "/v1/watch", json.dumps(body).encode())
             else:
@@ -309,10 +329,9 @@ class Worker:
             self.counted()
             found = VERSION.search(payload)
             self.absorbed(agent, int(found.group(1)) if found else None)
-            self.learn(agent, payload)
-            if status != 200 or told in payload:
+            if status != 200 or any(index in r for r in self.learn(agent, payload)):
                 break
-            if self.plan.mode != "delta":
+            if self.plan.mode == "full":
                 await asyncio.sleep(0.05)
         if self.in_window(t0):
             self.samples.watch.append(time.time() - t0)
@@ -335,7 +354,20 @@ class Worker:
         return self.samples
 
 
-PARTS = (b'"availability":', b'"avail":', b'"hashes":', b'"pulling":', b'"pulling_stopped":')
+PARTS = (b'"availability":', b'"avail":', b'"hash_runs":', b'"pulling":', b'"pulling_stopped":')
+
+
+def hash_ranges(payload: bytes) -> list[range]:
+    """The chunks whose hashes a reply's ``hash_runs`` carry (sizes from the base64 lengths only)."""
+    at = payload.find(b'"hash_runs":[')
+    if at < 0:
+        return []
+    end = payload.find(b"]]", at) + 2
+    out = []
+    for first, text, pad in RUN.findall(payload, at, end):
+        count = ((len(text) + len(pad)) * 3 // 4 - len(pad)) // 32
+        out.append(range(int(first), int(first) + count))
+    return out
 
 
 def part_bytes(payload: bytes, key: bytes) -> int:
@@ -401,7 +433,9 @@ def run_one(
         argv += ["-m", "cProfile", "-o", f"{profile}.{plan.nodes}.{plan.mode}"]
     argv += ["-m", "ringseed.cli", "master", "--role", "tracker"]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--heartbeat-interval", str(plan.interval)]
-    argv += ["--offline-after", str(max(10.0, 5 * plan.interval)), "--heartbeat-replies", plan.mode]
+    argv += ["--offline-after", str(max(10.0, 5 * plan.interval))]
+    argv += ["--heartbeat-replies", "full" if plan.mode == "full" else "delta"]
+    argv += ["--heartbeat-rate", str(plan.rate if plan.mode == "paced" else 0)]
     tracker = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_healthy(port)
@@ -527,7 +561,13 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", default="1000,10000", help="emulated agents per run, comma-separated")
-    parser.add_argument("--modes", default="full,delta", help="full (before issue 11) and/or delta")
+    parser.add_argument(
+        "--modes",
+        default="delta,paced",
+        help="full (before issue 11), delta (change replies, every agent at --interval) and/or paced "
+        "(agents at the pace the tracker names, with early heartbeats)",
+    )
+    parser.add_argument("--rate", type=int, default=1000, help="paced: the tracker's --heartbeat-rate")
     parser.add_argument("--interval", type=float, default=2.0, help="heartbeat interval (the master's default)")
     parser.add_argument("--peer-queries", action="store_true", help="one GET /v1/peers per chunk an agent gets")
     parser.add_argument("--streams", type=int, default=8, help="agents waiting for each pulled chunk's hash")
@@ -560,6 +600,7 @@ def main() -> None:
                 streams=args.streams,
                 warmup=args.warmup,
                 measure=args.measure,
+                rate=args.rate,
             )
             print(f"# N={nodes} mode={mode} peer_queries={args.peer_queries} ...", file=sys.stderr, flush=True)
             rows.append(

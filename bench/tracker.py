@@ -14,8 +14,16 @@ them with their hashes at the origin rate; every other agent gets each chunk a l
 lag, about log2(N) chunk times, drawn per agent), never before a reply told it the chunk's hash
 (an agent holds only what it verified), so availability levels climb as they would.
 ``--streams`` agents per pulled chunk stream it and wait for its hash, as agents do: in ``full``
-mode (the behaviour before issue 11) they heartbeat every 50 ms until the hash arrives, in
-``delta`` mode they long-poll ``POST /v1/watch``.
+mode (the behaviour before issue 11) they heartbeat every 50 ms until the hash arrives, in the
+``delta`` and ``paced`` modes they long-poll ``POST /v1/watch``.
+
+Modes: ``full`` (``--heartbeat-replies full``: the whole vector of counts whenever it changed),
+``delta`` (changes since the agent's version, issue 11 part 3; every agent heartbeats each
+``--interval``, the tracker sets no pace: ``--heartbeat-rate 0``) and ``paced`` (the tracker
+paces the swarm to ``--rate`` heartbeats per second; each agent heartbeats at the pace the
+replies name, early, ``early_gap`` after its last one, when it verified a chunk since, as the
+real agent does). Before pacing the real agent heartbeat up to 20 times a second while it
+verified chunks; ``delta`` is the kinder every-``--interval`` model of it.
 
 Printed per (nodes, mode), measured over a window after a warm-up: heartbeat latency p50/p99
 (from the time the heartbeat was due, so a late send counts), peer-query latency, tracker CPU
@@ -23,12 +31,11 @@ Printed per (nodes, mode), measured over a window after a warm-up: heartbeat lat
 (its processes share the other core: if it is near 1.0 the latencies include its own delays),
 requests per second, bytes per heartbeat reply (mean, p50, p99) split into hashes / availability
 / the rest, announced chunks rejected, and the load average before and after (the machine may be
-shared: CPU per request is the robust figure, latencies include every wait for a core). Modes:
-``full`` (``--heartbeat-replies full``: the whole vector of counts whenever it changed) and
-``delta`` (changes since the agent's version, issue 11 part 3).
+shared: CPU per request is the robust figure, latencies include every wait for a core).
 
-    .venv/bin/python -m bench.tracker [--nodes 1000,10000] [--modes full,delta] [--peer-queries]
-        [--warmup 20] [--measure 30] [--interval 2] [--workers 2] [--json FILE] [--profile FILE]
+    .venv/bin/python -m bench.tracker [--nodes 1000,10000] [--modes delta,paced] [--rate 1000]
+        [--chunk-mib 64] [--peer-queries] [--warmup 20] [--measure 30] [--interval 2] [--workers 2]
+        [--tracker-core 0 --load-core 1] [--json FILE] [--profile FILE]
 """
 
 from __future__ import annotations
@@ -499,6 +506,7 @@ def summarise(
     return {
         "nodes": plan.nodes,
         "mode": plan.mode,
+        "chunk_mib": plan.chunk // MiB,
         "peer_queries": plan.peer_queries,
         "heartbeats_per_s": len(s.heartbeat) / plan.measure,
         "hb_p50_ms": 1000 * pct(s.heartbeat, 0.5),
@@ -527,6 +535,7 @@ def summarise(
 COLUMNS = [
     ("nodes", "N", "{:d}"),
     ("mode", "mode", "{}"),
+    ("chunk_mib", "chunk MiB", "{:d}"),
     ("heartbeats_per_s", "hb/s", "{:.0f}"),
     ("hb_p50_ms", "hb p50 ms", "{:.1f}"),
     ("hb_p99_ms", "hb p99 ms", "{:.1f}"),
@@ -568,6 +577,7 @@ def main() -> None:
         "(agents at the pace the tracker names, with early heartbeats)",
     )
     parser.add_argument("--rate", type=int, default=1000, help="paced: the tracker's --heartbeat-rate")
+    parser.add_argument("--chunk-mib", type=int, default=CHUNK // MiB, help="chunk size of the 500 GB model (MiB)")
     parser.add_argument("--interval", type=float, default=2.0, help="heartbeat interval (the master's default)")
     parser.add_argument("--peer-queries", action="store_true", help="one GET /v1/peers per chunk an agent gets")
     parser.add_argument("--streams", type=int, default=8, help="agents waiting for each pulled chunk's hash")
@@ -601,6 +611,7 @@ def main() -> None:
                 warmup=args.warmup,
                 measure=args.measure,
                 rate=args.rate,
+                chunk=args.chunk_mib * MiB,
             )
             print(f"# N={nodes} mode={mode} peer_queries={args.peer_queries} ...", file=sys.stderr, flush=True)
             rows.append(

@@ -20,7 +20,7 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 ASSUMED_RATE = 10e6  # bytes/s, until the first pull completes
@@ -54,6 +54,12 @@ class Assignments:
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._open)
+
+    def split(self, indices: Iterable[int]) -> tuple[list[int], list[int]]:
+        """``indices`` (repeats allowed) split into those pulled now and the others, each sorted."""
+        changed = set(indices)
+        open_now = changed & self._open.keys()
+        return sorted(open_now), sorted(changed - open_now)
 
     def puller(self, index: int) -> str | None:
         pull = self._open.get(index)

@@ -25,22 +25,26 @@ class DigestError(ValueError):
 def pack(hashes: Mapping[int, str]) -> list[list[int | str]]:
     """``{index: hex digest}`` as runs of consecutive indices (an empty digest is left out)."""
     runs: list[list[int | str]] = []
-    first, raw = -2, bytearray()
-    last = -2
+    first = last = -2
+    run: list[str] = []
     for index in sorted(hashes):
         digest = hashes[index]
         if not digest:
             continue
-        if index != last + 1 and raw:
-            runs.append([first, base64.b64encode(raw).decode("ascii")])
-            raw = bytearray()
-        if not raw:
+        if index != last + 1 and run:
+            runs.append([first, _b64(run)])
+            run = []
+        if not run:
             first = index
-        raw += bytes.fromhex(digest)
+        run.append(digest)
         last = index
-    if raw:
-        runs.append([first, base64.b64encode(raw).decode("ascii")])
+    if run:
+        runs.append([first, _b64(run)])
     return runs
+
+
+def _b64(hex_digests: list[str]) -> str:
+    return base64.b64encode(bytes.fromhex("".join(hex_digests))).decode("ascii")
 
 
 def unpack(runs: Any) -> dict[int, str]:

@@ -589,28 +589,17 @@ class Tracker:
         for index in set(counts):
             if not mine[index]:
                 levels.setdefault(level[index], []).append(index)
-        pulling: list[int] = []
-        stopped: list[int] = []
-        for index in set(pulls):
-            (pulling if index in self.pulls else stopped).append(index)
+        pulling, stopped = self.pulls.split(pulls)
         told = {i for listed in levels.values() for i in listed} if also else set()
         for index in also:
             if index not in told:
                 levels.setdefault(level[index], []).append(index)
         if self.replies is tracker_log.Replies.FULL:
             vector = list(self._avail) if counts else None
-            return View(
-                version=version,
-                availability=vector,
-                hashes=hashes,
-                pulling=sorted(pulling),
-                pulling_stopped=sorted(stopped),
-            )
+            return View(version=version, availability=vector, hashes=hashes, pulling=pulling, pulling_stopped=stopped)
         for listed in levels.values():
             listed.sort()
-        return View(
-            version=version, levels=levels, hashes=hashes, pulling=sorted(pulling), pulling_stopped=sorted(stopped)
-        )
+        return View(version=version, levels=levels, hashes=hashes, pulling=pulling, pulling_stopped=stopped)
 
     def _hashes_since(self, since: int | None, node: str) -> dict[int, str]:
         """Hashes learned after version ``since`` (all when None, older than the layout or

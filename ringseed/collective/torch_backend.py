@@ -15,8 +15,9 @@ What this module owns
   recv, recv from any source, isend/irecv, ``batch_isend_irecv``) and the rooted or personalised
   operations (gather, scatter, all_to_all, all_to_all_single with splits, and the ``_object``
   forms torch builds on them) run on direct links between every pair of ranks
-  (``mesh.py``). ``monitored_barrier`` names the ranks that did not arrive. Sparse tensors are
-  refused with an error naming ringseed and the operation.
+  (``mesh.py``). ``monitored_barrier`` names the ranks that did not arrive. Sparse COO tensors
+  are all-reduced with SUM (as Gloo does: indices and values gathered, then coalesced); every
+  other operation refuses them with an error naming ringseed and the operation.
 - Rendezvous through the c10d store torch passes in: each rank publishes its engine address
   under ``ringseed/addr/<rank>``; rank 0 publishes a random group token (unless
   ``RINGSEED_TOKEN`` is set). The engine listens on ``RINGSEED_LISTEN_HOST`` (default 127.0.0.1)
@@ -52,6 +53,7 @@ import os
 import secrets
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -239,6 +241,10 @@ class RingseedProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         op = _op(opts, "all_reduce")
+        if any(t.layout is torch.sparse_coo for t in tensor_list):
+            for t in tensor_list:
+                self._sparse_sum(t, op)
+            return Work(result=tensor_list)
         staged = [tensors.stage(_dense(t, "all_reduce")) for t in tensor_list]
         if len(staged) == 1 and _waits_at_once(opts):  # a small one runs right here, with no future at all
             tag = self._next_tag()
@@ -264,6 +270,52 @@ class RingseedProcessGroup(dist.ProcessGroup):
                 offset += t.numel()
 
         return self._work([self._reduce(staged, op, opts)], tensor_list, scatter_back)
+
+    def _sparse_sum(self, tensor: torch.Tensor, op: ops.ReduceOp) -> None:
+        """All-reduce a sparse COO tensor in place (SUM, as Gloo): every rank's coalesced indices
+        and values are gathered (padded to the largest count), then summed by ``coalesce``.
+
+        Runs on the caller's thread: three all-gathers (the metadata, then indices and values).
+        Ranks whose tensors differ in shape or sparse dimensions are named in the error."""
+        if tensor.layout is not torch.sparse_coo:
+            raise RuntimeError("ringseed all-reduces sparse and dense tensors in separate calls")
+        if op is not ops.ReduceOp.SUM:
+            raise ValueError(f"ringseed reduces sparse tensors with SUM only (all_reduce got {op.name})")
+        local = tensor.detach().coalesce()
+        indices, values = local.indices().contiguous(), local.values().contiguous()
+        shape_code = zlib.crc32(repr((tuple(tensor.shape), local.sparse_dim(), str(values.dtype))).encode())
+        meta = self._gather_now(torch.tensor([indices.shape[1], shape_code], dtype=torch.int64))
+        codes = meta[:, 1].tolist()
+        if len(set(codes)) != 1:
+            odd = [r for r, c in enumerate(codes) if c != codes[self.rank()]]
+            raise RuntimeError(
+                f"ringseed sparse all_reduce: ranks {odd} hold a tensor of another shape, sparse "
+                f"dimension or dtype than rank {self.rank()}'s {tuple(tensor.shape)} ({values.dtype})"
+            )
+        counts = meta[:, 0].tolist()
+        most = max(counts)
+        padded_indices = torch.zeros((indices.shape[0], most), dtype=indices.dtype)
+        padded_indices[:, : indices.shape[1]] = indices
+        padded_values = torch.zeros((most, *values.shape[1:]), dtype=values.dtype)
+        padded_values[: values.shape[0]] = values
+        all_indices, all_values = self._gather_now(padded_indices), self._gather_now(padded_values)
+        summed = torch.sparse_coo_tensor(
+            torch.cat([all_indices[r][:, :n] for r, n in enumerate(counts)], dim=1),
+            torch.cat([all_values[r][:n] for r, n in enumerate(counts)]),
+            tuple(tensor.shape),
+            check_invariants=True,  # indices from peers: out of range is an error, not a crash
+        ).coalesce()
+        with torch.no_grad():
+            tensor.copy_(summed)
+
+    def _gather_now(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` (the same shape on each), stacked in rank order, on this thread."""
+        gathered = torch.empty((self.size(), *tensor.shape), dtype=tensor.dtype)
+        if tensor.numel():
+            source = tensors.stage_bytes(_dense(tensor.contiguous(), "all_reduce"))
+            out = tensors.stage_bytes(_dense(gathered, "all_reduce"))
+            self._engine.all_gather_async(source.array, out.array, tag=self._next_tag(), run_here=True).result()
+        return gathered
 
     def reduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         """The root's tensor gets the reduction; the others' tensors are left as they were."""

@@ -119,13 +119,33 @@ def coalesced_and_bitwise(rank: int, world: int) -> None:
     z = torch.tensor([complex(rank, -rank)])
     dist.all_reduce(z)
     assert z.item() == complex(total, -total)
-    sparse = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (3,))
+    # sparse COO all_reduce sums like Gloo: rank r holds 1.0 at index r and 2.0 at the last index
+    # (listed twice, uncoalesced); in the second tensor (a dense tail dim) rank 0 holds nothing
+    size = world + 2
+    sparse = torch.sparse_coo_tensor(
+        torch.tensor([[rank, world + 1, world + 1]]), torch.tensor([1.0, 1.0, 1.0]), (size,)
+    )
+    dist.all_reduce(sparse)
+    assert sparse.to_dense().tolist() == [1.0] * world + [0.0, 2.0 * world]
+    rows = torch.sparse_coo_tensor(torch.tensor([[0], [rank]]), torch.ones(1, 2), (2, world, 2))  # a dense tail dim
+    empty = torch.sparse_coo_tensor(torch.zeros((2, 0), dtype=torch.int64), torch.zeros(0, 2), (2, world, 2))
+    mine = empty if rank == 0 else rows
+    dist.all_reduce(mine)
+    expect = torch.zeros(2, world, 2)
+    expect[0, 1:] = 1.0
+    assert torch.equal(mine.to_dense(), expect)
     try:
-        dist.all_reduce(sparse)
+        dist.all_reduce(torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (3,)), op=dist.ReduceOp.MAX)
+    except ValueError as exc:
+        assert "ringseed reduces sparse tensors with SUM only" in str(exc), exc
+    else:
+        raise AssertionError("a sparse MAX all_reduce was accepted")
+    try:
+        dist.broadcast(torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (3,)), src=0)
     except RuntimeError as exc:
         assert "ringseed does not support" in str(exc) and "sparse" in str(exc), exc
     else:
-        raise AssertionError("a sparse all_reduce was accepted")
+        raise AssertionError("a sparse broadcast was accepted")
 
 
 def barriers_and_groups(rank: int, world: int) -> None:

@@ -1,8 +1,9 @@
 """Every c10d operation on CPU tensors through the ``ringseed`` backend, on real processes: point to
 point (tags out of order, any source, batches), rooted and personalised operations and their
-``_object`` forms, coalesced and bitwise reductions, bool and complex tensors, a sparse tensor
-refused by name, barriers, a monitored barrier naming the rank that did not come, a subgroup
-destroyed; with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` too. Nothing may be printed at shutdown."""
+``_object`` forms, coalesced and bitwise reductions, bool and complex tensors, sparse all_reduce
+(SUM; other ops and other operations refuse sparse tensors by name), barriers, a monitored
+barrier naming the rank that did not come, a subgroup destroyed; with
+``TORCH_DISTRIBUTED_DEBUG=DETAIL`` too. Nothing may be printed at shutdown."""
 
 from __future__ import annotations
 

@@ -15,7 +15,9 @@ What this module owns
   recv, recv from any source, isend/irecv, ``batch_isend_irecv``) and the rooted or personalised
   operations (gather, scatter, all_to_all, all_to_all_single with splits, and the ``_object``
   forms torch builds on them) run on direct links between every pair of ranks
-  (``mesh.py``). ``monitored_barrier`` names the ranks that did not arrive. Sparse COO tensors
+  (``mesh.py``). ``monitored_barrier`` names the ranks that did not arrive; importing this module
+  makes ``torch.distributed.monitored_barrier`` accept ringseed groups too (torch refuses every
+  backend not named "gloo" before calling the group's method; see :func:`monitored_barrier`). Sparse COO tensors
   are all-reduced with SUM (as Gloo does: indices and values gathered, then coalesced); every
   other operation refuses them with an error naming ringseed and the operation.
 - Rendezvous through the c10d store torch passes in: each rank publishes its engine address
@@ -699,5 +701,28 @@ def _create(store: c10d.Store, rank: int, size: int, timeout: datetime.timedelta
     return RingseedProcessGroup(store=store, rank=rank, size=size, timeout=timeout)
 
 
+_TORCH_MONITORED_BARRIER = dist.distributed_c10d.monitored_barrier
+
+
+def monitored_barrier(
+    group: Any = dist.GroupMember.WORLD, timeout: datetime.timedelta | float | None = None, wait_all_ranks: bool = False
+) -> None:
+    """``torch.distributed.monitored_barrier``, for ringseed groups too.
+
+    torch's function refuses every backend not named "gloo" before it calls the group's own
+    ``monitored_barrier``; for a ringseed group this calls that method with torch's argument
+    handling (a float timeout in seconds, None for the group's timeout). Any other group,
+    and a rank outside the group, go to torch's function unchanged."""
+    pg = dist.distributed_c10d._get_default_group() if group is None else group
+    if dist.distributed_c10d._rank_not_in_group(group) or not isinstance(pg, RingseedProcessGroup):
+        return _TORCH_MONITORED_BARRIER(group, timeout, wait_all_ranks)  # type: ignore[no-any-return]
+    if isinstance(timeout, int | float):
+        timeout = datetime.timedelta(seconds=timeout)
+    pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+    return None
+
+
 if BACKEND.upper() not in dist.Backend._plugins:
     dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
+    # what a script written for gloo calls by name (see monitored_barrier above)
+    dist.monitored_barrier = dist.distributed_c10d.monitored_barrier = monitored_barrier

@@ -149,22 +149,23 @@ def coalesced_and_bitwise(rank: int, world: int) -> None:
 
 
 def barriers_and_groups(rank: int, world: int) -> None:
-    # torch's dist.monitored_barrier() refuses every backend whose name is not "gloo", so a user of
-    # another backend calls the group's own method (as PyTorch's own suite does)
+    # torch's own dist.monitored_barrier refuses every backend not named "gloo"; importing ringseed's
+    # backend makes it take ringseed groups too, and the group's own method works as well
     group = dist.distributed_c10d._get_default_group()
     dist.barrier()
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30), wait_all_ranks=True)
     group.monitored_barrier(datetime.timedelta(seconds=30), wait_all_ranks=True)
     late = world - 1
     if rank == 0:
         try:
-            group.monitored_barrier(datetime.timedelta(seconds=2))
+            dist.monitored_barrier(timeout=2.0)  # a float is seconds, as torch takes it
         except RuntimeError as exc:
             assert f"Rank {late} failed to pass monitoredBarrier" in str(exc), exc
         else:
             raise AssertionError("monitored_barrier passed without the late rank")
     elif rank != late:
         try:
-            group.monitored_barrier(datetime.timedelta(seconds=3))
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=3))
         except RuntimeError as exc:
             assert "successfully reached monitoredBarrier" in str(exc), exc
         else:

@@ -349,6 +349,12 @@ def main() -> int:
         "torch-ringseed vs gloo vs the bare engine; --peers picks N",
     )
     parser.add_argument(
+        "--sweep-range",
+        default=None,
+        metavar="MIN,MAX",
+        help="with --sweep: only the sizes from MIN to MAX bytes (e.g. 262144,16777216 while iterating)",
+    )
+    parser.add_argument(
         "--fifo-up-to",
         type=int,
         default=None,
@@ -367,7 +373,11 @@ def main() -> int:
     if args.fifo_up_to is not None:
         os.environ["RINGSEED_BENCH_FIFO_UP_TO"] = str(args.fifo_up_to)
     if args.sweep:
-        return sweep(peers=[int(n) for n in args.peers.split(",")], backends=args.backends)
+        low, high = (int(b) for b in (args.sweep_range or f"0,{SWEEP[-1]}").split(","))
+        sizes = [n for n in SWEEP if low <= n <= high]
+        if not sizes:
+            parser.error(f"--sweep-range {args.sweep_range} holds none of the sweep's sizes (4 B x 4^k)")
+        return sweep(peers=[int(n) for n in args.peers.split(",")], backends=args.backends, sizes=sizes)
     sizes = [int(s) for s in (args.sizes or ("1,16" if args.quick else "1,4,16,64,256")).split(",")]
     peers = [int(n) for n in args.peers.split(",")]
     backends = [b for b in args.backends.split(",") if b != "gloo" or _has_torch()]
@@ -408,11 +418,11 @@ def _sweep_iters(nbytes: int) -> int:
     return 200 if nbytes <= 64 << 10 else 30 if nbytes <= 4 * MiB else 5 if nbytes <= 16 * MiB else 3
 
 
-def sweep(*, peers: list[int], backends: str) -> int:
+def sweep(*, peers: list[int], backends: str, sizes: list[int]) -> int:
     """Latency and busbw per size, side by side; ratios against Gloo (targets in issue 14)."""
     names = [b for b in (backends if backends != "ringseed,gloo,star" else "torch-ringseed,gloo,ringseed").split(",")]
     names = [b for b in names if b not in ("gloo", "torch-ringseed") or _has_torch()]
-    plan = [(n, _sweep_iters(n)) for n in SWEEP]
+    plan = [(n, _sweep_iters(n)) for n in sizes]
     for world in peers:
         times = {b: measure_sizes(b, world=world, plan=plan) for b in names}
         up_to = int(os.environ.get("RINGSEED_BENCH_FIFO_UP_TO", "-1"))

@@ -31,8 +31,9 @@ Fault-tolerance contract
   successor: its listener is bound before it joins and open until it closes, so a refusal means
   the peer is gone.
 - :meth:`RingEngine.close` never blocks on an operation: it aborts it and waits at most
-  ``CLOSE_WAIT`` for it to unwind. The ring's I/O threads start in ``set_ring`` (a process at
-  its pids limit fails there, naming why), never in the middle of an operation.
+  ``CLOSE_WAIT`` for it to unwind. An operation starts no thread: it runs on the engine's op
+  thread (started in :meth:`start`) or the caller's, which drives the ring's links itself
+  (``runner.py``), so a process at its pids limit can still run collectives.
 - This engine gives no fault tolerance by itself (no retry, no membership): that is the
   control part's job (``communicator.py``).
 """
@@ -100,7 +101,6 @@ class RingEngine:
         self._listener: listener.Listener | None = None
         self._running: runner.Run | None = None
         self._inflight: set[concurrent.futures.Future[None]] = set()
-        self._crew: runner.Crew | None = None
         self._mesh: mesh.Mesh | None = None
         self._ops: sequencer.Sequencer | None = None
 
@@ -516,13 +516,13 @@ class RingEngine:
         use_inline = inline is not None and array.nbytes <= small.SMALL_BYTES
 
         def execute() -> None:
-            rank, world, links, crew = self._ring_now()
+            rank, world, links, every = self._ring_now()
             if world == 1:
                 if after is not None:
                     after(rank)
                 return
 
-            assert links is not None and crew is not None
+            assert links is not None
 
             def body() -> None:
                 if use_inline:
@@ -539,8 +539,7 @@ class RingEngine:
                     quantize=quantize,
                     reducer=reducer or runner.NumpyReducer(array, dtype),
                 )
-                assert crew is not None
-                self._execute(runner.Run(job, fail=self.abort), crew)
+                self._execute(runner.Run(job, fail=self.abort), every)
                 if after is not None:
                     after(rank)
 
@@ -548,30 +547,30 @@ class RingEngine:
 
         return self._enqueue(execute, run_here=run_here)
 
-    def _ring_now(self) -> tuple[int, int, tuple[socket.socket, socket.socket] | None, runner.Crew | None]:
-        """rank, world, (successor link, predecessor link) and the I/O crew, both set when world > 1;
-        raises CollectiveAborted when aborted or without a ring."""
+    def _ring_now(self) -> tuple[int, int, tuple[socket.socket, socket.socket] | None, _Links]:
+        """rank, world, (successor link, predecessor link) of channel 0 and every channel's links, set
+        when world > 1; raises CollectiveAborted when aborted or without a ring."""
         with self._lock:
             if self._abort is not None:
                 raise CollectiveAborted(self._abort)
-            rank, world, crew = self._rank, self.world_size, self._crew
+            rank, world, every = self._rank, self.world_size, _Links(outs=tuple(self._outs), ins=tuple(self._ins))
             links = (self._outs[0], self._ins[0]) if self._outs else None
-        if world > 1 and (links is None or crew is None):
+        if world > 1 and links is None:
             raise CollectiveAborted("no ring: call set_ring first")
-        return rank, world, links, crew
+        return rank, world, links, every
 
     def _retire(self, future: concurrent.futures.Future[None]) -> None:
         with self._lock:
             self._inflight.discard(future)
 
-    def _execute(self, run: runner.Run, crew: runner.Crew) -> None:
-        """Run one plan; an abort from any thread cancels it while it is registered here."""
+    def _execute(self, run: runner.Run, links: _Links) -> None:
+        """Run one plan on this thread; an abort from any thread cancels it while it is registered here."""
         with self._lock:
             self._running = run
             if self._abort is not None:
                 run.cancel(self._abort)
         try:
-            crew.execute(run)
+            runner.execute(run, outs=links.outs, ins=links.ins, io_timeout=self._io_timeout)
         finally:
             with self._lock:
                 self._running = None
@@ -602,14 +601,8 @@ class RingEngine:
             for s in outs:
                 s.close()
             raise
-        try:
-            crew = runner.Crew(outs=outs, ins=ins, name=f"ringseed-io-{self.peer_id}")
-        except Exception as exc:  # a thread cannot start (a pids limit): fail here, never mid-operation
-            for s in outs + ins:
-                s.close()
-            raise CollectiveAborted(f"could not start the ring's I/O threads: {type(exc).__name__}: {exc}") from exc
         with self._lock:
-            self._outs, self._ins, self._crew = outs, ins, crew
+            self._outs, self._ins = outs, ins
 
     def _await_incoming(
         self, keys: list[tuple[str, int, frames.Purpose, int]], *, deadline: float, timeout: float
@@ -657,9 +650,13 @@ class RingEngine:
         for sock in self._outs + self._ins:
             transport.wake(sock)
             sock.close()
-        if self._crew is not None:
-            self._crew.close()
-        self._outs, self._ins, self._crew = [], [], None
+        self._outs, self._ins = [], []
+
+
+@dataclasses.dataclass(frozen=True)
+class _Links:
+    outs: tuple[socket.socket, ...]  # to the successor, one per channel
+    ins: tuple[socket.socket, ...]  # from the predecessor
 
 
 def _check_array(array: np.ndarray, *, bfloat16: bool) -> frames.DType:

@@ -35,7 +35,7 @@ import socket
 
 import numpy as np
 
-from ringseed.collective import ops
+from ringseed.collective import ops, transport
 from ringseed.protocol import frames
 
 SMALL_BYTES = 128 << 10  # from bench/allreduce.py --small-bytes: the ring wins from 256 KiB at N = 2, 3
@@ -114,7 +114,7 @@ def _exchange(
         progressed = False
         if send:
             try:
-                send = _advance(send, os.writev(out_fd, send))
+                send = transport.advance(send, os.writev(out_fd, send))
                 progressed = True
             except BlockingIOError:
                 pass
@@ -130,40 +130,13 @@ def _exchange(
                 progressed = True
             if not checked and got >= frames.HEADER_BYTES:
                 assert expect is not None
-                _check(frame[: frames.HEADER_BYTES], expect)
+                transport.check_header(frame[: frames.HEADER_BYTES], expect)
                 checked = True
         if not progressed:
             readable, writable, _ = select.select([in_fd] if got < len(frame) else [], [out_fd] if send else [], [], io)
             if not readable and not writable:
                 raise TimeoutError(f"no progress for {io} s")
     return frame[frames.HEADER_BYTES :]
-
-
-def _check(received: memoryview, expected: bytes) -> None:
-    """A header has one encoding per value, so equal bytes are the whole check; a difference is
-    decoded to name the field that differs (or what is malformed)."""
-    if received == expected:
-        return
-    want = frames.decode_header(expected)
-    frames.check_expected(
-        frames.decode_header(received),
-        kind=want.kind,
-        tag=want.tag,
-        sequence=want.sequence,
-        dtype=want.dtype,
-        nbytes=want.nbytes,
-    )
-    raise frames.FrameError(f"frame header differs from the expected one (tag {want.tag})")
-
-
-def _advance(views: list[memoryview], n: int) -> list[memoryview]:
-    """What is left of ``views`` after ``n`` bytes went out."""
-    while views and n >= len(views[0]):
-        n -= len(views[0])
-        views = views[1:]
-    if views and n:
-        views = [views[0][n:], *views[1:]]
-    return views
 
 
 def _bytes(array: np.ndarray) -> memoryview:

@@ -4,7 +4,9 @@ What this module owns
 - :func:`dial`: connects, answers the challenge, checks the listener's proof of the token.
 - :func:`probe`: one bandwidth measurement over a probe connection (served by ``listener.py``).
 - Frame I/O: :func:`send_frame` (``sendmsg`` of header + memoryview, no copy) and
-  :func:`recv_header` / :func:`recv_exact` (``recv_into`` preallocated buffers, no copy).
+  :func:`recv_header` / :func:`recv_exact` (``recv_into`` preallocated buffers, no copy); for
+  the loops that drive non-blocking descriptors themselves (``runner.py``, ``small.py``):
+  :func:`advance` (the rest of a partly written frame) and :func:`check_header`.
 
 Fault-tolerance contract
 - Every ring socket has ``TCP_NODELAY`` and a timeout of ``io_timeout``: a peer that stalls
@@ -41,6 +43,34 @@ def recv_exact(sock: socket.socket, view: memoryview) -> None:
         if n == 0:
             raise ConnectionError(f"peer closed the connection after {got} of {total} bytes")
         got += n
+
+
+def check_header(received: memoryview, expected: bytes) -> None:
+    """Check a received header against the encoding of the expected one. A header has one encoding
+    per value, so equal bytes are the whole check; a difference is decoded to name the field that
+    differs (or what is malformed) in the FrameError."""
+    if received == expected:
+        return
+    want = frames.decode_header(expected)
+    frames.check_expected(
+        frames.decode_header(received),
+        kind=want.kind,
+        tag=want.tag,
+        sequence=want.sequence,
+        dtype=want.dtype,
+        nbytes=want.nbytes,
+    )
+    raise frames.FrameError(f"frame header differs from the expected one (tag {want.tag})")
+
+
+def advance(views: list[memoryview], n: int) -> list[memoryview]:
+    """What is left of ``views`` (one frame being written with ``writev``) after ``n`` bytes went out."""
+    while views and n >= len(views[0]):
+        n -= len(views[0])
+        views = views[1:]
+    if views and n:
+        views = [views[0][n:], *views[1:]]
+    return views
 
 
 def recv_header(sock: socket.socket, buf: bytearray) -> frames.Header:

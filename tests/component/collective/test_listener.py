@@ -146,30 +146,42 @@ def test_honest_peers_connect_while_no_thread_can_start(monkeypatch: pytest.Monk
         prober.close()
 
 
-def test_ring_io_threads_that_cannot_start_fail_set_ring_and_abort_the_neighbours(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """p0's I/O threads cannot start: its set_ring fails naming why, its neighbours' next operation
-    ends in CollectiveAborted at once (not at the 120 s I/O timeout), and the ring recovers."""
-    real_start = threading.Thread.start
-
-    def start(self: threading.Thread) -> None:
-        if self.name.startswith("ringseed-io-p0"):
-            raise RuntimeError("can't start new thread")
-        real_start(self)
-
+def test_a_ring_reconnects_and_computes_while_no_thread_can_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operation starts no thread (the caller's thread drives the links), so at a pids limit a
+    ring still reconnects and runs ring-path collectives (1 MiB, above the small path)."""
     with _engine_ring.ring(3, io_timeout=120) as peers:
-        monkeypatch.setattr(threading.Thread, "start", start)
         ring = [p.address for p in peers]
-        joined = _engine_ring.outcomes(peers, lambda e: e.set_ring(ring, epoch=2, timeout=20))
-        assert isinstance(joined[0], engine.CollectiveAborted) and "can't start new thread" in str(joined[0])
-        arrays = [np.ones(1 << 16, np.float32) for _ in peers]
-        futures = [e.all_reduce_async(arrays[e.rank], op=engine.ReduceOp.SUM, tag=2) for e in peers]
-        for f in futures:
-            with pytest.raises(engine.CollectiveAborted):
-                f.result(timeout=30)  # the I/O timeout is 120 s: only the abort path ends it this soon
+        n = (1 << 20) // 4
+        arrays = [np.full(n, e.rank + 1.0, np.float32) for e in peers]
+        gathered = [np.zeros(3 * n, np.float32) for _ in peers]
+        go = threading.Event()
+        errors: list[BaseException] = []
+
+        def rank_main(e: engine.RingEngine) -> None:
+            go.wait()
+            try:
+                e.set_ring(ring, epoch=2, timeout=20)
+                e.all_reduce(arrays[e.rank], op=engine.ReduceOp.SUM, tag=1)
+                e.all_gather(arrays[e.rank], gathered[e.rank], tag=2)
+            except BaseException as exc:
+                errors.append(exc)
+
+        workers = [threading.Thread(target=rank_main, args=(e,)) for e in peers]
+        for w in workers:
+            w.start()
+
+        def no_threads(self: threading.Thread) -> None:
+            raise RuntimeError("can't start new thread")
+
+        monkeypatch.setattr(threading.Thread, "start", no_threads)
+        go.set()
+        for w in workers:
+            w.join(60)
         monkeypatch.undo()
-        ring_computes(peers, epoch=3)
+        assert not any(w.is_alive() for w in workers) and not errors, errors
+        for a, g in zip(arrays, gathered, strict=True):
+            np.testing.assert_array_equal(a, np.full(n, 6.0, np.float32))
+            np.testing.assert_array_equal(g, np.full(3 * n, 6.0, np.float32))
 
 
 class Child:

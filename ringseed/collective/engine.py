@@ -209,40 +209,28 @@ class RingEngine:
         reducer: runner.Reducer | None = None,
     ) -> None:
         """In place on a 1-D C-contiguous array; every peer ends bit-identical."""
-        if quantize is None and self.all_reduce_here(array, op=op, tag=tag, bfloat16=bfloat16):
+        if quantize is None and self.all_reduce_here(array, op=op, tag=tag, bfloat16=bfloat16, reducer=reducer):
             return
         self.all_reduce_async(
             array, op=op, tag=tag, quantize=quantize, bfloat16=bfloat16, reducer=reducer, run_here=True
         ).result()
 
-    def all_reduce_here(self, array: np.ndarray, *, op: ops.ReduceOp, tag: int, bfloat16: bool = False) -> bool:
-        """A small all-reduce for a caller that waits: when ``array`` is at most ``small.SMALL_BYTES``
-        and nothing is queued or running, it runs now on this thread (no future, no hand-off) and
-        True is returned; otherwise False and nothing was done (use the other methods). Raises
-        like :meth:`all_reduce`. The reduction runs on the host (numpy) whatever the caller's reducer."""
-        dtype = _check_array(array, bfloat16=bfloat16)
-        ops.check_op(op, dtype)
-        if array.nbytes > small.SMALL_BYTES or self._ops is None:
+    def all_reduce_here(
+        self,
+        array: np.ndarray,
+        *,
+        op: ops.ReduceOp,
+        tag: int,
+        bfloat16: bool = False,
+        reducer: runner.Reducer | None = None,
+    ) -> bool:
+        """An all-reduce for a caller that waits: when nothing is queued or running, it runs now on
+        this thread (no future, no hand-off) and True is returned; otherwise False and nothing was
+        done (use the other methods). Raises like :meth:`all_reduce`. At most ``small.SMALL_BYTES``
+        the reduction runs on the host (numpy) whatever the caller's reducer."""
+        if self._ops is None:
             return False
-        return self._ops.run_inline(lambda: self._small_all_reduce(array, dtype=dtype, op=op, tag=tag))
-
-    def _small_all_reduce(self, array: np.ndarray, *, dtype: frames.DType, op: ops.ReduceOp, tag: int) -> None:
-        rank, world, links, _ = self._ring_now()
-        if links is not None and world > 1:
-            self._guarded(
-                lambda: small.all_reduce(
-                    array,
-                    out=links[0],
-                    inp=links[1],
-                    rank=rank,
-                    world=world,
-                    op=op,
-                    dtype=dtype,
-                    tag=tag,
-                    io_timeout=self._io_timeout,
-                ),
-                tag=tag,
-            )
+        return self._ops.run_inline(self._all_reduce_op(array, op=op, tag=tag, bfloat16=bfloat16, reducer=reducer))
 
     def all_reduce_async(
         self,
@@ -257,6 +245,19 @@ class RingEngine:
     ) -> concurrent.futures.Future[None]:
         """``run_here``: the caller waits at once, so the operation runs on its thread now
         (after whatever is queued ahead of it), with no hand-off to the engine's thread."""
+        execute = self._all_reduce_op(array, op=op, tag=tag, quantize=quantize, bfloat16=bfloat16, reducer=reducer)
+        return self._enqueue(execute, run_here=run_here)
+
+    def _all_reduce_op(
+        self,
+        array: np.ndarray,
+        *,
+        op: ops.ReduceOp,
+        tag: int,
+        quantize: str | None = None,
+        bfloat16: bool = False,
+        reducer: runner.Reducer | None = None,
+    ) -> Callable[[], None]:
         dtype = _check_array(array, bfloat16=bfloat16)
         ops.check_op(op, dtype)
         if quantize is not None:
@@ -279,7 +280,7 @@ class RingEngine:
                 io_timeout=self._io_timeout,
             )
 
-        return self._submit(
+        return self._operation(
             plan,
             array=array,
             dtype=dtype,
@@ -288,7 +289,6 @@ class RingEngine:
             quantize=quantize,
             reducer=reducer,
             inline=inline if quantize is None else None,
-            run_here=run_here,
         )
 
     def reduce_scatter(
@@ -512,7 +512,35 @@ class RingEngine:
         inline: Callable[[socket.socket, socket.socket, int, int], None] | None = None,
         run_here: bool = False,
     ) -> concurrent.futures.Future[None]:
-        """Queue one operation: the ring ``plan``, or for a small buffer ``inline`` (out, in, rank, world)."""
+        """Queue one operation (see :meth:`_operation`)."""
+        execute = self._operation(
+            plan,
+            array=array,
+            dtype=dtype,
+            tag=tag,
+            op=op,
+            quantize=quantize,
+            reducer=reducer,
+            after=after,
+            inline=inline,
+        )
+        return self._enqueue(execute, run_here=run_here)
+
+    def _operation(
+        self,
+        plan: Callable[[int, int], schedule.Plan],
+        *,
+        array: np.ndarray,
+        dtype: frames.DType,
+        tag: int,
+        op: ops.ReduceOp = ops.ReduceOp.SUM,
+        quantize: str | None = None,
+        reducer: runner.Reducer | None = None,
+        after: Callable[[int], None] | None = None,
+        inline: Callable[[socket.socket, socket.socket, int, int], None] | None = None,
+    ) -> Callable[[], None]:
+        """One operation, to run in order: the ring ``plan``, or for a small buffer ``inline``
+        (out, in, rank, world)."""
         use_inline = inline is not None and array.nbytes <= small.SMALL_BYTES
 
         def execute() -> None:
@@ -545,7 +573,7 @@ class RingEngine:
 
             self._guarded(body, tag=tag)
 
-        return self._enqueue(execute, run_here=run_here)
+        return execute
 
     def _ring_now(self) -> tuple[int, int, tuple[socket.socket, socket.socket] | None, _Links]:
         """rank, world, (successor link, predecessor link) of channel 0 and every channel's links, set

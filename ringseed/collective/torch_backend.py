@@ -248,9 +248,10 @@ class RingseedProcessGroup(dist.ProcessGroup):
                 self._sparse_sum(t, op)
             return Work(result=tensor_list)
         staged = [tensors.stage(_dense(t, "all_reduce")) for t in tensor_list]
-        if len(staged) == 1 and _waits_at_once(opts):  # a small one runs right here, with no future at all
+        if len(staged) == 1 and _waits_at_once(opts):  # runs right here when idle, with no future at all
             tag = self._next_tag()
-            if self._engine.all_reduce_here(staged[0].array, op=op, tag=tag, bfloat16=staged[0].bfloat16):
+            one = staged[0]
+            if self._engine.all_reduce_here(one.array, op=op, tag=tag, bfloat16=one.bfloat16, reducer=one.reducer):
                 return Work(result=tensor_list, finish=staged[0].finish)
             return self._work([self._reduce(staged[0], op, opts, tag=tag)], tensor_list, staged[0].finish)
         futures = [self._reduce(s, op, opts) for s in staged]

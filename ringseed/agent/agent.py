@@ -148,6 +148,8 @@ class Agent:
         self.news = asyncio.Event()
         self.revision_news = asyncio.Event()
         self.hashes_news = asyncio.Event()
+        self.copy_news = asyncio.Event()  # held set, drops or revision changed: publishing looks again
+        self.journal_news = asyncio.Event()  # a journal line or a drop is queued
         self.buffers = buffers.Pool(capacity=config.chunk_size, limit=self._buffer_limit(config.chunk_size))
         self.peer_client = peerclient.PeerClient(token=config.token, threads=config.download_slots)
         self.tracker: tracker_client.TrackerClient

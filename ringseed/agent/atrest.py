@@ -6,7 +6,8 @@ Rules:
   (``verified_digest``). With an expected digest (``RINGSEED_EXPECTED_DIGEST``) a model whose
   digest differs is never published (problem ``DigestMismatch``). A chunk dropped after
   publishing (``chunks.drop``) withdraws the marker; once the chunk is fetched again the model
-  is published again, atomically.
+  is published again, atomically. The loop looks when the held set, a drop or the revision
+  changed (``agent.copy_news``), not on a timer: an idle agent does not wake for it.
 - On start (:func:`check_published`): published files whose size, mtime or inode differ from
   what was recorded at publish have every chunk under them hashed again from staging; chunks
   that no longer match are dropped (``CorruptAtRest``, announced to the tracker, fetched again
@@ -23,6 +24,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from ringseed.agent.agent import Agent
 
 log = logging.getLogger(__name__)
+PUBLISH_SAFETY_NET_S = 1.0  # look again without news this often (a held set changed past ``chunks``)
 
 
 @dataclass
@@ -189,7 +192,9 @@ async def publish_loop(agent: Agent) -> None:
     """Publish the model whenever the current revision is complete and not published yet."""
     refused: tuple[int, int] | None = None  # (generation, drops) of a digest refused as unexpected
     while True:
-        await asyncio.sleep(0.05)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(agent.copy_news.wait(), timeout=PUBLISH_SAFETY_NET_S)
+        agent.copy_news.clear()
         if not _complete(agent) or refused == (agent.generation, agent.check.dropped):
             continue
         generation, drops = agent.generation, agent.check.dropped

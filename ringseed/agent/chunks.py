@@ -21,6 +21,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import time
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 MAX_PENDING_WRITES = 8  # write-behind chunks in flight (also bounded by the memory budget)
 DISK_CHECK_S = 1.0
+COMMIT_BATCH_S = 0.2  # journal lines queued this close together share one commit (one fsync)
+SAFETY_NET_S = 5.0  # commit even without news this often (a queue written past ``journal``)
 
 
 async def accept(
@@ -70,7 +73,7 @@ async def accept(
         if not _current(agent, index, generation):
             return False
         hold(agent, index, data, digest=digest, from_origin=from_origin, source=source)
-        agent.uncommitted.append((index, digest))
+        journal(agent, index, digest)
         return True
     while len(agent.pending_writes) >= limit:
         await asyncio.wait(set(agent.pending_writes.values()), return_when=asyncio.FIRST_COMPLETED)
@@ -102,6 +105,13 @@ def hold(
     agent.perform(agent.core.held_chunk(index, digest, from_origin=from_origin, source=source))
     agent.news.set()
     agent.changed.set()
+    agent.copy_news.set()
+
+
+def journal(agent: Agent, index: int, digest: str) -> None:
+    """Queue the journal line of held chunk ``index`` (its bytes are in staging now)."""
+    agent.uncommitted.append((index, digest))
+    agent.journal_news.set()
 
 
 async def _write_behind(agent: Agent, index: int, data: cache.Data, digest: str, generation: int) -> None:
@@ -117,7 +127,7 @@ async def _write_behind(agent: Agent, index: int, data: cache.Data, digest: str,
         agent.memory.unpin(index)
         agent.pending_writes.pop(index, None)
     if generation == agent.generation and agent.held.get(index) == digest:  # still ours
-        agent.uncommitted.append((index, digest))
+        journal(agent, index, digest)
         agent.changed.set()
 
 
@@ -166,6 +176,7 @@ def unhold(agent: Agent, index: int) -> None:
     if agent.core.unheld(index):
         agent.memory.discard(index)
         agent.changed.set()
+        agent.copy_news.set()
 
 
 def drop(agent: Agent, index: int) -> None:
@@ -179,6 +190,8 @@ def drop(agent: Agent, index: int) -> None:
     agent.check.dropped += 1
     agent.news.set()
     agent.store_drops.append(index)
+    agent.journal_news.set()
+    agent.copy_news.set()
     if agent.verified_digest is not None:
         agent.verified_digest = None
         agent.must_republish = True
@@ -207,7 +220,12 @@ async def commit(agent: Agent) -> None:
 
 
 async def commit_loop(agent: Agent) -> None:
+    """Commit what is queued (``journal``, drops), lines queued within ``COMMIT_BATCH_S`` together;
+    asleep while nothing is (an idle agent's CPU is the sender's overhead)."""
     while True:
-        await asyncio.sleep(0.2)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(agent.journal_news.wait(), timeout=SAFETY_NET_S)
+        await asyncio.sleep(COMMIT_BATCH_S)
+        agent.journal_news.clear()
         if agent.revision is not None:
             await commit(agent)

@@ -74,6 +74,7 @@ async def adopt(agent: Agent, target: revision.Revision, *, hashes: Sequence[Any
     agent.changed.set()
     agent.news.set()
     agent.hashes_news.set()
+    agent.copy_news.set()
     log.info(
         "Holding revision %s: %d chunks, %d verified here, %d to check by hash",
         target.id[:16],
@@ -239,7 +240,7 @@ async def check_candidate(agent: Agent, index: int) -> bool:
     if digest is not None and digest == agent.hashes.get(index) and index not in agent.held:
         agent.reused_chunks += 1
         chunks.hold(agent, index, None, digest=digest, from_origin=False)
-        agent.uncommitted.append((index, digest))
+        chunks.journal(agent, index, digest)
     return True
 
 

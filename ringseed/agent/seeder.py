@@ -82,7 +82,7 @@ async def reuse(agent: Agent, step: agentsteps.Reuse) -> list[agentsteps.Action]
             log.info("Chunk %d is unchanged in the new revision; proven from the bytes kept here", index)
             agent.reused_chunks += 1
             chunks.hold(agent, index, None, digest=digest, from_origin=True)
-            agent.uncommitted.append((index, digest))
+            chunks.journal(agent, index, digest)
     finally:
         agent.core.reused(step.job)
     return []

@@ -132,6 +132,10 @@ def train_ddp(rank: int, out_dir: Path) -> None:
     model = torch.nn.parallel.DistributedDataParallel(_ddp_model.make_model())
     params = _ddp_model.train(model, rank=rank, world=WORLD)
     torch.save(params, out_dir / f"params{rank}.pt")
+    for hook in (None, "allreduce", "then"):  # gradient accumulation with no_sync, with and without hooks
+        model = torch.nn.parallel.DistributedDataParallel(_ddp_model.make_model())
+        params = _ddp_model.train_accumulating(model, rank=rank, world=WORLD, hook=hook)
+        torch.save(params, out_dir / f"params-accumulated-{hook}{rank}.pt")
 
 
 def test_every_collective_on_three_processes(tmp_path: Path) -> None:

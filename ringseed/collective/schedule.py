@@ -18,14 +18,17 @@ Rules
   reduced by exactly one chain of peers in a fixed order and then copied, so every peer ends
   with bit-identical values.
 - Empty segments are never scheduled (no zero-length frames).
+- Plans are immutable, so the last ones built are cached (a training step repeats the same sizes).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 MIN_SEGMENT_BYTES = 256 << 10
 MAX_SEGMENT_BYTES = 4 << 20
+_CACHED_PLANS = 64  # per collective: building a plan costs more than a small segment's I/O, so repeats reuse it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +117,7 @@ def _all_gather(b: _Builder, chunks: list[list[tuple[int, int, int]]], *, rank: 
         b.recv(chunks[(rank - step - 1) % world], reduce=False)
 
 
+@functools.lru_cache(maxsize=_CACHED_PLANS)
 def all_reduce(*, length: int, rank: int, world: int, seg_elems: int) -> Plan:
     """Reduce-scatter (rank r ends owning chunk r) then all-gather, pipelined per segment."""
     chunks = _split(bounds=chunk_bounds(length=length, world=world), seg_elems=seg_elems)
@@ -123,6 +127,7 @@ def all_reduce(*, length: int, rank: int, world: int, seg_elems: int) -> Plan:
     return b.plan(sum(len(c) for c in chunks))
 
 
+@functools.lru_cache(maxsize=_CACHED_PLANS)
 def reduce_scatter(*, length: int, rank: int, world: int, seg_elems: int) -> Plan:
     """Reduce-scatter only: rank r ends owning chunk r of ``length`` (= world * block)."""
     chunks = _split(bounds=chunk_bounds(length=length, world=world), seg_elems=seg_elems)
@@ -131,6 +136,7 @@ def reduce_scatter(*, length: int, rank: int, world: int, seg_elems: int) -> Pla
     return b.plan(sum(len(c) for c in chunks))
 
 
+@functools.lru_cache(maxsize=_CACHED_PLANS)
 def all_gather(*, block: int, rank: int, world: int, seg_elems: int) -> Plan:
     """All-gather into an array of ``world * block``; rank r contributes block r."""
     chunks = _split(bounds=[block * i for i in range(world + 1)], seg_elems=seg_elems)
@@ -139,6 +145,7 @@ def all_gather(*, block: int, rank: int, world: int, seg_elems: int) -> Plan:
     return b.plan(sum(len(c) for c in chunks))
 
 
+@functools.lru_cache(maxsize=_CACHED_PLANS)
 def broadcast(*, length: int, rank: int, world: int, root: int, seg_elems: int) -> Plan:
     """Pipelined chain root -> root+1 -> ... -> root-1; each peer forwards what it received."""
     segs = _split(bounds=[0, length], seg_elems=seg_elems)[0]

@@ -43,9 +43,9 @@ def first_frame_bytes(length: int) -> int:
     return length * 4 if length * 4 <= small.SMALL_BYTES else length // 2 * 4
 
 
-def bad_frame(fault: Fault, *, tag: int, length: int = LENGTH) -> bytes:
+def bad_frame(fault: Fault, *, tag: int, length: int = LENGTH, sequence: int = 0) -> bytes:
     good = frames.Header(
-        kind=frames.Kind.DATA, dtype=frames.DType.F32, tag=tag, sequence=0, nbytes=first_frame_bytes(length)
+        kind=frames.Kind.DATA, dtype=frames.DType.F32, tag=tag, sequence=sequence, nbytes=first_frame_bytes(length)
     )
     head = frames.encode_header(good)
     if fault is Fault.BAD_MAGIC:
@@ -56,14 +56,16 @@ def bad_frame(fault: Fault, *, tag: int, length: int = LENGTH) -> bytes:
         return head[:-8] + struct.pack("<Q", 1 << 40)
     if fault is Fault.WRONG_TAG:
         return frames.encode_header(
-            frames.Header(kind=good.kind, dtype=good.dtype, tag=tag + 1, sequence=0, nbytes=good.nbytes)
+            frames.Header(kind=good.kind, dtype=good.dtype, tag=tag + 1, sequence=sequence, nbytes=good.nbytes)
         )
     if fault is Fault.WRONG_DTYPE:
         return frames.encode_header(
-            frames.Header(kind=good.kind, dtype=frames.DType.I32, tag=tag, sequence=0, nbytes=good.nbytes)
+            frames.Header(kind=good.kind, dtype=frames.DType.I32, tag=tag, sequence=sequence, nbytes=good.nbytes)
         )
     if fault is Fault.WRONG_LENGTH:
-        return frames.encode_header(frames.Header(kind=good.kind, dtype=good.dtype, tag=tag, sequence=0, nbytes=16))
+        return frames.encode_header(
+            frames.Header(kind=good.kind, dtype=good.dtype, tag=tag, sequence=sequence, nbytes=16)
+        )
     return head + b"\x01" * 100  # TRUNCATED / STALL_MID_FRAME: a header and part of the payload
 
 
@@ -134,6 +136,32 @@ def test_malformed_or_stalled_frame_aborts_cleanly(
     np.testing.assert_array_equal(array, original)  # nothing of the bad frame was written
     with pytest.raises(engine.CollectiveAborted):  # the engine stays aborted until set_ring
         real.all_reduce(array, op=engine.ReduceOp.SUM, tag=6)
+    recovered_ring_works(real)
+
+
+BEHIND = [Fault.WRONG_TAG, Fault.WRONG_DTYPE, Fault.WRONG_LENGTH, Fault.BAD_MAGIC]
+
+
+@pytest.mark.parametrize("fault", BEHIND, ids=lambda f: f.name)
+def test_a_bad_header_behind_a_good_frame_is_checked_before_its_payload_lands(
+    pair: tuple[engine.RingEngine, FakePeer], fault: Fault
+) -> None:
+    """The ring reads the next frame's header behind the current payload: a good reduce-scatter
+    frame followed in the same write by a bad all-gather header and its payload ends the op naming
+    the fault, and none of that payload reaches the array (the chunk it would fill is as it was)."""
+    real, fake = pair
+    half = LENGTH // 2
+    original = np.arange(LENGTH, dtype=np.float32)
+    array = original.copy()
+    future = real.all_reduce_async(array, op=engine.ReduceOp.SUM, tag=5)
+    first = frames.Header(kind=frames.Kind.DATA, dtype=frames.DType.F32, tag=5, sequence=0, nbytes=half * 4)
+    second = bad_frame(fault, tag=5, sequence=1)  # the all-gather frame, with the fault
+    assert fake.out is not None
+    fake.out.sendall(frames.encode_header(first) + np.ones(half, np.float32).tobytes() + second[: frames.HEADER_BYTES])
+    fake.out.sendall(np.full(half, 7.0, np.float32).tobytes())
+    with pytest.raises(engine.CollectiveAborted, match=fault.value):
+        future.result(timeout=30)
+    np.testing.assert_array_equal(array[half:], original[half:])  # the all-gather chunk: nothing landed
     recovered_ring_works(real)
 
 

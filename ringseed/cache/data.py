@@ -13,7 +13,8 @@ Rules:
   read is pinned to the revision's sizes and tags: a file changed under the cache raises
   :class:`DataError` ``changed`` (the reader reopens and gets the new revision), never a mix.
 - A peer that fails or sends bad bytes is skipped (the next holder, then the source): the reader
-  sees no error for it.
+  sees no error for it. A busy one (all upload slots taken) is asked again shortly: the source is
+  read only when no holder can serve (a busy cluster must not turn into a second source read).
 - Dataset chunks are evictable at once and enter the tiers cold (bimodal insertion,
   :mod:`ringseed.protocol.cachetiers`); a chunk handed to a reader is leased while it reads.
 - Read-ahead: chunks read in sequence make the next ``readahead`` chunks come in the background.
@@ -178,14 +179,20 @@ class Dataset:
         if sha is not None and self.agent.store.has(sha):
             return sha
         failed: set[str] = set()
+        patience = time.monotonic() + peers.BUSY_PATIENCE_S
         async with self.agent.reads.slots:
             while True:
                 answer = await self._ask(state, index)
                 sha = answer.get("sha256")
                 holders = [(str(n), str(u)) for n, u in answer.get("holders", []) if n not in failed]
                 if answer["answer"] == "peers" and holders and sha:
-                    if await self._from_peers(state, index, str(sha), holders, failed):
+                    busy: set[str] = set()
+                    if await self._from_peers(state, index, str(sha), holders, failed, busy):
                         return str(sha)
+                    if busy and time.monotonic() < patience:  # held, being served: ask again shortly
+                        await peers.busy_pause(self.agent.reads.rng)
+                        continue
+                    failed |= busy
                     if not [h for h in holders if h[0] not in failed]:
                         return await self._from_source(state, index, claimed=False)
                     continue
@@ -208,7 +215,7 @@ class Dataset:
             return {"answer": "fetch"}  # no master: read the source (single flight is lost, reads are not)
 
     async def _from_peers(
-        self, state: _Current, index: int, sha: str, holders: list[tuple[str, str]], failed: set[str]
+        self, state: _Current, index: int, sha: str, holders: list[tuple[str, str]], failed: set[str], busy: set[str]
     ) -> bool:
         length = state.revision.layout.chunk_length(index)
         for name, url in holders:
@@ -218,6 +225,9 @@ class Dataset:
 
             try:
                 await self.agent.store.receive(sha=sha, length=length, fill=fill, deadline=self._deadline(), data=True)
+            except peers.PeerBusy:
+                busy.add(name)
+                continue
             except (peers.PeerError, chunks.CorruptChunk) as exc:
                 log.info("Dataset %s chunk %d from %s failed (%s); trying the next copy", self.name, index, name, exc)
                 failed.add(name)

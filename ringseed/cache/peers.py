@@ -6,7 +6,9 @@ Owns the agent-to-agent wire format (docs/contracts.md, "Cache agent peer API"):
   hashes it and keeps it only if it matches ``sha``: 201 (or 200 when already held), 422
   ``corrupt`` on a mismatch, 507 ``cache_full`` (with the reason) when no room could be made.
 - ``GET /v1/cache/chunks/{sha}``: a held chunk, sent with ``sendfile`` from whichever tier holds
-  it (``X-Chunk-Sha256``); 404 ``not_held``; 429 ``busy`` when ``upload_slots`` are taken.
+  it (``X-Chunk-Sha256``); 404 ``not_held``; 429 ``busy`` when ``upload_slots`` are taken. A busy
+  holder is a copy to ask again shortly (:class:`PeerBusy`), never a reason to read the source or
+  the sink instead, until ``BUSY_PATIENCE_S`` has passed.
 - ``HEAD /v1/cache/chunks/{sha}``: 200 when held (a pusher skips chunks the target has).
 Bearer token, JSON errors and limits from ``ringseed.web``. The client side verifies nothing
 itself: every chunk that enters a node is hashed by :class:`ringseed.cache.chunks.ChunkStore`.
@@ -19,6 +21,7 @@ import contextlib
 import hashlib
 import mmap
 import os
+import random
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -33,10 +36,21 @@ from ringseed.protocol import cacheobjects as objects
 
 PIECE = 1 << 20
 READ_LEASE_S = 60.0
+BUSY_WAIT_S = 0.2  # a reader whose every holder is busy asks again after about this long (jittered)
+BUSY_PATIENCE_S = 60.0  # ... and treats them as failed after this long
+
+
+async def busy_pause(rng: random.Random) -> None:
+    """The pause before asking busy holders again: an upload slot frees when a chunk is sent."""
+    await asyncio.sleep(BUSY_WAIT_S * (0.5 + rng.random()))
 
 
 class PeerError(Exception):
     """A peer did not deliver or accept a chunk; the message names the peer and why."""
+
+
+class PeerBusy(PeerError):
+    """The peer holds the chunk but its upload slots are taken (429): a copy to ask again, not a failed one."""
 
 
 def _sha(request: aioweb.Request) -> str:
@@ -56,6 +70,7 @@ class PeerServer:
         self.uploads = 0
         self.uploaded_bytes = 0
         self.received_bytes = 0
+        self.refused_busy = 0  # GETs answered 429
 
     def routes(self, app: aioweb.Application) -> None:
         app.router.add_put("/v1/cache/chunks/{sha}", self.put)
@@ -102,6 +117,7 @@ class PeerServer:
         if not self.store.has(sha) or not await self.store.verify_once(sha):
             raise web.problem(404, "not_held", f"chunk {sha[:12]} is not held here")
         if self.uploads >= self.upload_slots:
+            self.refused_busy += 1
             raise web.problem(429, "busy", "upload slots are full; ask another holder", headers={"Retry-After": "1"})
         self.uploads += 1
         self.store.book.pin(sha)
@@ -182,6 +198,8 @@ async def fetch_into(client: peerclient.PeerClient, *, url: str, sha: str, lengt
         view.release()
         with contextlib.suppress(BufferError):  # a cancelled call's thread may hold it a moment longer
             mapped.close()
+    if reply.status == 429:
+        raise PeerBusy(f"{url} is busy (upload slots taken) for chunk {sha[:12]}")
     if reply.status != 200:
         raise PeerError(
             f"{url} did not serve chunk {sha[:12]}: " + (f"HTTP {reply.status}" if reply.status else reply.error)

@@ -10,6 +10,8 @@ Rules:
 - Single flight: concurrent readers of one chunk on a node wait for one fetch.
 - At most ``fetch_slots`` chunks are fetched at once per agent (a restore streams several
   chunks in parallel to fill the node's link).
+- A busy holder (upload slots taken) is asked again shortly, not counted as failed, for up to
+  ``peers.BUSY_PATIENCE_S``: a loaded cluster must not send a restore to the sink.
 - When every listed holder fails, the holder list is asked again once (a new replica may
   exist) before the sink is tried; no copy anywhere is :class:`ReadError` naming the object,
   the chunk and what each source said.
@@ -86,8 +88,17 @@ class Reads:
             if self.agent.store.has(meta["chunks"][index][0]):
                 return
             problems: list[str] = []
-            if await self._from_peers(meta, index, meta.get("sources", [[]] * (index + 1))[index], problems):
-                return
+            holders = meta.get("sources", [[]] * (index + 1))[index]
+            patience = time.monotonic() + peers.BUSY_PATIENCE_S
+            while True:
+                busy: list[Any] = []
+                if await self._from_peers(meta, index, holders, problems, busy):
+                    return
+                if not busy or time.monotonic() >= patience:
+                    problems += [f"peer {name}: busy for {peers.BUSY_PATIENCE_S:.0f} s" for name, _ in busy]
+                    break
+                await peers.busy_pause(self.rng)  # held, being served: ask the busy holders again
+                holders = busy
             if await self._from_new_holders(meta, index, problems):
                 return
             if await self._from_sink(meta, index, problems):
@@ -116,7 +127,9 @@ class Reads:
                 return False
             await asyncio.sleep(min(wait, 0.25))  # a new leader: holders are re-registering
 
-    async def _from_peers(self, meta: dict[str, Any], index: int, holders: list[Any], problems: list[str]) -> bool:
+    async def _from_peers(
+        self, meta: dict[str, Any], index: int, holders: list[Any], problems: list[str], busy: list[Any] | None = None
+    ) -> bool:
         sha, length = meta["chunks"][index]
         order = list(holders)
         self.rng.shuffle(order)  # spread a restore's chunks over all holders
@@ -129,6 +142,12 @@ class Reads:
 
             try:
                 await self._receive(sha, length, fill)
+            except peers.PeerBusy as exc:
+                if busy is not None:
+                    busy.append([name, url])
+                else:
+                    problems.append(f"peer {name}: {exc}")
+                continue
             except (peers.PeerError, chunks.CorruptChunk) as exc:
                 self.rejected += isinstance(exc, chunks.CorruptChunk)
                 problems.append(f"peer {name}: {exc}")

@@ -60,6 +60,22 @@ async def test_a_checkpoint_whose_writer_node_is_lost_gets_its_second_copy_back(
     assert await asyncio.to_thread(lambda: fs2.open("step-7/model.pt", "rb").read()) == data
 
 
+async def test_a_restore_waits_for_busy_holders_instead_of_failing(cluster: Cluster) -> None:
+    await three_nodes(cluster, replicas=2)
+    data = os.urandom(17 * MiB + 3)
+    await asyncio.to_thread(write, cluster.nodes["n0"].fs(cluster.token), "step-9/model.pt", data)
+    holders = [cluster.nodes[n].agent.peer_server for n in ("n0", "n1")]
+    for server in holders:
+        server.upload_slots = 0  # both copies busy serving others
+    fs2 = cluster.nodes["n2"].fs(cluster.token)
+    reading = asyncio.ensure_future(asyncio.to_thread(lambda: fs2.open("step-9/model.pt", "rb").read()))
+    await cluster.wait_until(lambda: sum(s.refused_busy for s in holders) >= 4, what="n2 turned away by both")
+    for server in holders:
+        server.upload_slots = 8
+    assert await reading == data  # there is no sink: giving up on busy holders would have failed the read
+    assert cluster.nodes["n2"].agent.reads.sources["peer"] == 3
+
+
 async def test_random_reads_and_seeks_match_the_bytes(cluster: Cluster) -> None:
     await three_nodes(cluster, replicas=1)
     data = os.urandom(17 * MiB + 3)

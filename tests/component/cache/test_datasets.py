@@ -109,6 +109,20 @@ async def test_a_peer_that_dies_mid_read_is_replaced_by_another_source(cluster: 
     assert counters["bytes_from_source"] > 0  # the chunks n0 did not deliver came from the source
 
 
+async def test_a_busy_holder_is_asked_again_and_the_source_is_not_read_twice(cluster: Cluster, source: Path) -> None:
+    files = make_dataset(source, big=2, small=0)
+    await nodes_with(cluster, source, count=2)
+    await asyncio.to_thread(read_all, cluster.nodes["n0"].fs(cluster.token), files)  # n0 holds everything
+    holder = cluster.nodes["n0"].agent.peer_server
+    holder.upload_slots = 0  # every upload slot taken: n0 answers 429
+    reading = asyncio.ensure_future(asyncio.to_thread(read_all, cluster.nodes["n1"].fs(cluster.token), files))
+    await cluster.wait_until(lambda: holder.refused_busy >= 3, what="n1 turned away by busy n0")
+    holder.upload_slots = 8
+    assert await reading == files
+    assert from_source(cluster) == sum(len(d) for d in files.values())  # n1 waited for n0, not the source
+    assert cluster.nodes["n1"].agent.datasets.counters()["bytes_from_peers"] == from_source(cluster)
+
+
 async def test_a_source_that_changes_is_detected_refetched_and_never_mixed(cluster: Cluster, source: Path) -> None:
     files = make_dataset(source, big=1, small=0)
     await nodes_with(cluster, source, count=2, list_ttl=0.3)

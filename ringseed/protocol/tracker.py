@@ -98,6 +98,7 @@ from ringseed.protocol import revision as revisions  # (``Tracker.revision`` is 
 MAX_CHUNKS = 1 << 21  # 2 TiB at the smallest chunk size, 128 TiB at the default
 MAX_NODES = 1 << 16  # node names the tracker keeps (registered and departed): bounded memory
 DUTY_BLOCKERS = frozenset({"DiskFull", "WriteFailed", "OriginError"})  # node problems that stop its pulls
+VOUCHES_PER_BATCH = 8  # distinct sources one announcement batch vouches for, at most
 SAMPLE = 16  # holders drawn at random per peer query; the least loaded of them are offered
 STALL_COOLOFF = 300.0  # seconds a stuck puller stays off origin duty
 
@@ -422,10 +423,13 @@ class Tracker:
         """The hot path of a busy swarm (every verified chunk of every node passes here once).
 
         Each distinct source named in one call is one vouch (a node names the holders it fetched
-        from many times over; :mod:`ringseed.protocol.trust` counts distinct vouchers)."""
+        from many times over; :mod:`ringseed.protocol.trust` counts distinct vouchers), for at
+        most ``VOUCHES_PER_BATCH`` sources not vouched for lately: a paced heartbeat of a big
+        swarm names a hundred sources, and trust keeps at most 32 vouches per node anyway; the
+        sources left out are vouched for in later batches)."""
         rejected: list[int] = []
         fresh: list[int] = []
-        hashes, holds = self.hashes, self.holdings.holds
+        hashes, holds, trusted = self.hashes, self.holdings.holds, self.trust
         vouched: set[str] = set()
         for item in items:
             index, digest = item[0], item[1]
@@ -439,9 +443,15 @@ class Tracker:
                 rejected.append(index)
                 continue
             source = item[2] if len(item) > 2 else None
-            if source is not None and source not in vouched and holds(source, index):
+            if (
+                source is not None
+                and len(vouched) < VOUCHES_PER_BATCH
+                and source not in vouched
+                and holds(source, index)
+                and not trusted.recent(fetcher=node, peer=source, now=now)
+            ):
                 vouched.add(source)
-                self.trust.vouch(fetcher=node, peer=source, now=now)
+                trusted.vouch(fetcher=node, peer=source, now=now)
             fresh.append(index)
         if not fresh:
             return rejected

@@ -116,14 +116,16 @@ class Trust:
 
         A pair already seen within ``window / 64`` is not written again (one announcement per
         verified chunk arrives: thousands per second in a big swarm; its decay shifts by 1.6% at most)."""
-        if fetcher == peer:
-            return False
-        last = self._vouched_by.by_subject.get(fetcher)
-        if last is not None and now - last.get(peer, -math.inf) < self.window / 64:
+        if fetcher == peer or self.recent(fetcher=fetcher, peer=peer, now=now):
             return False
         self._vouchers_of.add(peer, fetcher, now)
         self._vouched_by.add(fetcher, peer, now)
         return bool(self._reports_on.of(peer) or self._reports_by.of(fetcher))
+
+    def recent(self, *, fetcher: str, peer: str, now: float) -> bool:
+        """Whether ``fetcher`` vouched for ``peer`` within ``window / 64`` (a vouch now is not recorded)."""
+        last = self._vouched_by.by_subject.get(fetcher)
+        return last is not None and now - last.get(peer, -math.inf) < self.window / 64
 
     def spend(self, *, peer: str, chunk: int) -> None:
         """Forget the reports of ``chunk`` from ``peer`` (its holder was told; a new copy starts afresh)."""

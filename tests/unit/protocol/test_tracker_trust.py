@@ -332,3 +332,19 @@ def test_the_tracker_keeps_a_bounded_number_of_node_names(monkeypatch: pytest.Mo
         t.register(node="d", url="http://d", session="s", now=11.2)
     t.register(node="b", url="http://b", session="s2", now=11.3)  # a known name comes back
     assert sorted(t.nodes) == ["a", "b", "c"]
+
+
+def test_one_batch_vouches_for_a_bounded_number_of_sources_and_later_ones_for_the_rest() -> None:
+    holders = [f"h{i}" for i in range(20)]
+    t = swarm(["s", *holders, "f"], chunks=20)
+    seed(t, "s", range(20), now=1.0)
+    for i, name in enumerate(holders):
+        t.heartbeat(node=name, now=1.5, chunks=[(i, None, "s")])
+    batch = [(i, None, name) for i, name in enumerate(holders)]  # f got chunk i from h_i
+    t.heartbeat(node="f", now=2.0, chunks=batch)
+    assert sum(t.trust.vouchers(h) for h in holders) == tracker.VOUCHES_PER_BATCH
+    t.heartbeat(node="f", now=3.0, dropped=range(20))
+    t.heartbeat(node="f", now=3.0, chunks=batch)  # the same batch again: the sources not vouched for yet
+    t.heartbeat(node="f", now=4.0, dropped=range(20))
+    t.heartbeat(node="f", now=4.0, chunks=batch)
+    assert all(t.trust.vouchers(h) == 1 for h in holders)

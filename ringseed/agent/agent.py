@@ -481,6 +481,7 @@ class Agent:
             "verified_digest": self.verified_digest,
             "problem": self.problems.current(),
             "problems": self.problems.all(),
+            "pace": {"heartbeat_interval": self.pacer.interval, "early_gap": self.pacer.gap},
             "origin_duty": self.origin_duty,
             "writes_paused": self.writes_paused,
             "reused_chunks": self.reused_chunks,

@@ -108,9 +108,11 @@ class LocalSwarm:
         manifest_uri: str | None = None,
         agent_args: Sequence[str] = (),
         masters: int = 1,
+        master_args: Sequence[str] = (),
     ) -> None:
         self.source = source
         self.agent_args = list(agent_args)  # more ``ringseed agent`` options for every agent
+        self.master_args = list(master_args)  # more ``ringseed master`` options for every master
         self.names = [f"node-{i}" for i in range(nodes)]
         self.workdir = workdir
         self.chunk_size = chunk_size
@@ -165,7 +167,7 @@ class LocalSwarm:
     def start_master(self, index: int = 0) -> None:
         argv = ["master", "--role", "tracker", "--host", "127.0.0.1", "--port", str(self.master_ports[index])]
         argv += ["--offline-after", str(self.offline_after), "--heartbeat-interval", str(self.heartbeat_interval)]
-        argv += ["--seeders", str(self.seeders)]
+        argv += ["--seeders", str(self.seeders), *self.master_args]
         if len(self.master_ports) > 1:  # replicas: a lock both reach picks the leader
             argv += ["--advertise-url", self.master_urls[index], "--lock-dir", str(self.workdir / "lock")]
         self._spawn(self.master_name(index), argv)

@@ -14,8 +14,11 @@ two epochs, all nodes starting at one gate. Methods:
 - ``local``: the same files from the node's local disk (copied there first; page cache warm): the
   epoch-2 bound.
 Printed per method: epoch 1 and epoch 2 seconds (slowest node), origin bytes / dataset size (layer
-2 bytes the origin's link sent, so ``direct`` at N nodes shows about N), and epoch-2 throughput
-as a share of ``local``. Targets: ringseed's origin bytes <= 1.05 x the dataset; epoch 2 >= 0.8 of local.
+2 bytes the origin's link sent, so ``direct`` at N nodes shows about N), for the cache the dataset
+bytes its agents read from the source / dataset size (their counters: 1.0 means each byte read
+once; the rest of the origin's bytes is requests, listings, the master's answers and framing),
+and epoch-2 throughput as a share of ``local``. Targets: ringseed's origin bytes <= 1.05 x the
+dataset; epoch 2 >= 0.8 of local.
 """
 
 from __future__ import annotations
@@ -157,6 +160,7 @@ class Bench:
         common.gate(gate)
         results = [json.loads(common.read_line(p, timeout=7200, what=f"{method} reader")) for p in readers]
         origin_bytes = common.sent_bytes(self.tb.origin) - before
+        source_payload = self._source_payload() if cache else None
         for _, point in mounts:
             subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
         for proc in [*readers, *(m for m, _ in mounts), *cache]:
@@ -165,7 +169,16 @@ class Bench:
         shutil.rmtree(self.shm / layout, ignore_errors=True)
         return {"method": method, "layout": layout, "files": results[0]["files"], "bytes": results[0]["bytes"],
                 "epoch1": max(r["epochs"][0] for r in results), "epoch2": max(r["epochs"][1] for r in results),
-                "origin_bytes": origin_bytes}  # fmt: skip
+                "origin_bytes": origin_bytes, "source_payload": source_payload}  # fmt: skip
+
+    def _source_payload(self) -> int:
+        """Dataset bytes the agents read from the source (their counters): repeated reads show here,
+        request, listing and framing overhead only in the origin link's bytes."""
+        total = 0
+        for host in self.tb.nodes:
+            status = common.curl_json(host, f"http://{host.address}:{AGENT_PORT}/v1/status", token=self.token) or {}
+            total += int(status.get("data", {}).get("counters", {}).get("bytes_from_source", 0))
+        return total
 
     def _local_copy(self, host: netns.Host, layout: str, source: Path) -> Path:
         target = self.work / "local" / host.name / layout
@@ -232,14 +245,17 @@ def main() -> int:
 def report(rows: list[dict[str, Any]], *, nodes: int, origin_rate: float) -> None:
     print(f"\nN = {nodes} nodes, origin link {origin_rate / 1e6:.0f} Mbit/s; seconds are the slowest node's")
     print(f"{'layout':<7} {'method':<12} {'files':>6} {'MiB':>6} {'epoch 1 s':>10} {'epoch 2 s':>10} "
-          f"{'origin/S':>9} {'ep2 vs local':>13}")  # fmt: skip
+          f"{'origin/S':>9} {'source/S':>9} {'ep2 vs local':>13}")  # fmt: skip
     local = {r["layout"]: r["epoch2"] for r in rows if r["method"] == "local"}
     for row in rows:
         share = local.get(row["layout"])
         versus = f"{share / row['epoch2']:>13.2f}" if share else f"{'-':>13}"
         origin = row["origin_bytes"] / row["bytes"]
+        payload = (
+            f"{row['source_payload'] / row['bytes']:>9.3f}" if row.get("source_payload") is not None else f"{'-':>9}"
+        )
         print(f"{row['layout']:<7} {row['method']:<12} {row['files']:>6} {row['bytes'] / (1 << 20):>6.0f} "
-              f"{row['epoch1']:>10.2f} {row['epoch2']:>10.2f} {origin:>9.3f} {versus}")  # fmt: skip
+              f"{row['epoch1']:>10.2f} {row['epoch2']:>10.2f} {origin:>9.3f} {payload} {versus}")  # fmt: skip
     for layout in sorted({r["layout"] for r in rows}):
         bound = next(r["bytes"] for r in rows if r["layout"] == layout) / (origin_rate / 8)
         print(f"{layout}: S / origin rate = {bound:.1f} s (epoch 1 bound for the whole cluster)")

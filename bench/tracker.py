@@ -194,7 +194,10 @@ class Worker:
         status, payload = await conn.request("POST", "/v1/register", json.dumps(body).encode())
         if status != 200:
             raise RuntimeError(f"register {agent}: {status} {payload[:200]!r}")
-        self.epoch = json.loads(payload)["epoch"]
+        reply = json.loads(payload)
+        self.epoch = reply["epoch"]
+        if self.plan.mode == "paced":  # the agent takes its first pace from the registration
+            self.pace[agent] = (float(reply["heartbeat_interval"]), float(reply["early_gap"]))
 
     async def run_agent(self, agent: int, registered: asyncio.Event | None) -> None:
         conn = Connection(self.host, self.port, self.token)
@@ -266,7 +269,7 @@ class Worker:
         ``gap`` after the last, when it got chunks since, else ``interval`` after it."""
         plan, rng = self.plan, self.rng
         sent, retry = 0, list[int]()
-        due = self.start + rng.uniform(0, plan.interval)
+        due = self.start + rng.uniform(0, self.pace.get(agent, (plan.interval, 0.0))[0])
         while sent < plan.chunks and due < self.window[1] + plan.interval:
             await asyncio.sleep(max(0.0, due - time.time()))
             have = max(sent, min(self.got_by(due, agent), self.known.get(agent, 0)))  # verified: hash known

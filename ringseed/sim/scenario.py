@@ -33,6 +33,8 @@ class Agents:
     offline_after: float = 10.0
     heartbeat_interval: float = 1.0
     stream_slots: int = 8
+    heartbeat_rate: float | None = None  # the tracker's pacing budget (None: announcements go at once)
+    early_gap: float = 0.05  # the least gap between a node's announcements in a small swarm (paced)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ links and feeds the results back, as the aiohttp agent and master do with socket
   every holder busy: it waits for a freed slot or a new copy instead (``Swarm._park``;
   optimistic, see there).
 - The tracker's answers are immediate (no request latency); announcements go to the tracker as
-  soon as a chunk is held (the agent's early heartbeat), and every live node heartbeats each
+  soon as a chunk is held (the agent's early heartbeat), or, with ``Agents.heartbeat_rate``,
+  no sooner than the gap the tracker's pace names after the node's last one
+  (:mod:`ringseed.protocol.pacing`), and every live node heartbeats each
   ``heartbeat_interval`` with its load, followed by the tracker's periodic pass (``purge``:
   silent nodes dropped, duty handed on, trust judged). Nodes read availability and the chunks
   being pulled from the tracker's live view (the long-poll of issue 11 part 3 brings news
@@ -42,7 +44,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ringseed.protocol import agentcore, agentsteps, manifest, tracker
+from ringseed.protocol import agentcore, agentsteps, manifest, pacing, tracker
 from ringseed.sim import flow, scenario
 
 TRUE_HASH = "{:064x}"  # chunk i's (a valid SHA-256 spelling; the tracker checks)
@@ -80,7 +82,15 @@ class Swarm:
         up = [config.node_up] * config.nodes + [config.origin_rate]
         down = [config.node_down] * config.nodes + [0.0]
         self.net = flow.Network(up=up, down=down)
-        self.tracker = tracker.Tracker(epoch="sim", offline_after=self.agents.offline_after, now=0.0)
+        rate = self.agents.heartbeat_rate
+        budget = (
+            pacing.Budget(interval=self.agents.heartbeat_interval, gap=self.agents.early_gap, rate=rate)
+            if rate is not None
+            else None
+        )
+        self.tracker = tracker.Tracker(epoch="sim", offline_after=self.agents.offline_after, now=0.0, budget=budget)
+        self.announced_at = [-float("inf")] * config.nodes  # each node's last announcement (paced)
+        self.announcing: set[int] = set()  # nodes with an announcement timer set
         settings = agentcore.Settings(
             download_slots=self.agents.download_slots,
             origin_depth=self.agents.origin_slots,
@@ -179,6 +189,10 @@ class Swarm:
                 self._dirty.add(node)
         elif kind == "pass":
             self._pass()
+        elif kind == "announce":
+            self.announcing.discard(node)
+            if self.alive[node]:
+                self._announce(node)
         elif kind == "fail":
             self._fail(node)
 
@@ -415,16 +429,28 @@ class Swarm:
             self._perform(
                 node, core.held_chunk(store.index, store.digest, from_origin=store.from_origin, source=store.source)
             )
-            self._announce(node)
+            self._announce_paced(node)
         self._perform(node, core.stored(job, now=now))
         if not core.missing and self.done_at[node] is None:
             self.done_at[node] = now
             self.pending -= 1
         self._dirty.add(node)
 
+    def _announce_paced(self, node: int) -> None:
+        """The agent's early heartbeat, at once or (paced) no sooner than its gap after the last."""
+        now = self.net.now
+        pace = self.tracker.pace(self.names[node], now=now) if self.tracker.budget is not None else None
+        due = self.announced_at[node] + pace.gap if pace is not None else now
+        if due <= now:
+            self._announce(node)
+        elif node not in self.announcing:
+            self.announcing.add(node)
+            self._at(due, "announce", node)
+
     def _announce(self, node: int) -> None:
-        """The agent's early heartbeat: what it now holds goes to the tracker at once."""
+        """The agent's early heartbeat: what it now holds goes to the tracker."""
         core, now = self.cores[node], self.net.now
+        self.announced_at[node] = now
         batch, drops = core.take_announcements(4096)
         t = self.tracker
         learned = len(t.hash_log)

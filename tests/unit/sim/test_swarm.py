@@ -104,3 +104,28 @@ def test_liars_are_reported_and_penalised_and_nobody_holds_a_bad_chunk() -> None
     assert result.penalised_liars == 2  # the real tracker's trust rules, fed by the real core's reports
     assert result.penalised_honest == 0  # the bad-RAM node's reports of honest holders count for nothing
     assert all(set(core.held.values()) <= {swarm.TRUE_HASH.format(i) for i in core.held} for core in sw.cores)
+
+
+def test_a_paced_swarm_announces_at_the_pace_and_completes_later() -> None:
+    """With a small heartbeat budget a node announces verified chunks no sooner than its gap after
+    its last announcement (12 nodes at 3 per second: 4 s; the origin-duty node keeps 0.05 s), so
+    holders become known later (store and forward: every copy but the first is from a holder)."""
+    fast = swarm.simulate(small(agents=scenario.Agents(stream_slots=0)))
+    sw = swarm.Swarm(small(agents=scenario.Agents(stream_slots=0, heartbeat_rate=3.0, offline_after=30.0)))
+    times: dict[int, list[float]] = {}
+    announce = sw._announce
+
+    def recorded(node: int) -> None:
+        times.setdefault(node, []).append(sw.net.now)
+        announce(node)
+
+    sw._announce = recorded  # type: ignore[method-assign]
+    paced = sw.run()
+    assert paced.completed == fast.completed == 12
+    assert paced.origin_bytes == fast.origin_bytes == 64 * MB  # the origin still sends the model once
+    assert paced.simulated_seconds > fast.simulated_seconds
+    followers = [n for n in times if n not in sw.duty]
+    assert len(followers) == 11
+    for node in followers:
+        gaps = [b - a for a, b in zip(times[node], times[node][1:], strict=False)]
+        assert gaps and min(gaps) >= 4.0 - 1e-9

@@ -141,7 +141,7 @@ class Agent:
         self.must_republish = False
         self.check = atrest.CheckState()
         self.problems = problems.Problems()
-        self.pacer = pacing.Pacer(interval=1.0, gap=0.05)  # the tracker's pace replaces it
+        self.pacer = pacing.Pacer(interval=1.0, gap=pacing.DEFAULT_GAP)  # the tracker's pace replaces it
         self.url = ""
         self.metrics = web.Metrics()
         self.changed = asyncio.Event()

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from ringseed import cmdline
+from ringseed.protocol import pacing
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -40,14 +41,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--heartbeat-rate",
         type=cmdline.non_negative_int,
-        default=1000,
+        default=pacing.DEFAULT_RATE,
         help="tracker: heartbeats per second the swarm's pace aims at: a larger swarm is told a longer "
         "interval and gap (0: every node keeps --heartbeat-interval and --early-gap)",
     )
     parser.add_argument(
         "--early-gap",
         type=cmdline.positive_seconds,
-        default=0.05,
+        default=pacing.DEFAULT_GAP,
         help="tracker: least seconds between a node's early heartbeats (news to tell) in a small swarm",
     )
     parser.add_argument(

@@ -106,8 +106,6 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 DIGITS = re.compile(r"[0-9]{1,10}")
 _dumps = functools.partial(json.dumps, separators=(",", ":"))
 REPLICA_KEY = aioweb.AppKey("tracker_replica", replica.SoftReplica)
-DEFAULT_RATE = 1000.0  # heartbeats per second one tracker core serves with room to spare (BENCHMARKS section 9)
-DEFAULT_GAP = 0.05  # seconds between a node's early heartbeats in a small swarm
 
 
 def create_app(
@@ -119,8 +117,8 @@ def create_app(
     replies: tracker_log.Replies = tracker_log.Replies.DELTA,
     lock: locks.Lock | None = None,
     url: str = "",
-    heartbeat_rate: float | None = DEFAULT_RATE,
-    early_gap: float = DEFAULT_GAP,
+    heartbeat_rate: float | None = pacing.DEFAULT_RATE,
+    early_gap: float = pacing.DEFAULT_GAP,
 ) -> aioweb.Application:
     """The tracker-role application; ``replies``: how heartbeat replies tell availability
     (``FULL``: the behaviour before deltas, for comparison); ``lock``: this replica leads only

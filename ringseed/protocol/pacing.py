@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+DEFAULT_RATE = 1000  # heartbeats/s a swarm is paced to: ~0.3 of a core of per-request cost (BENCHMARKS section 9)
+DEFAULT_GAP = 0.05  # seconds between a node's early heartbeats in a small swarm (the agent's old 50 ms)
 FACTOR = 3.0  # offline after this many intervals in force
 MIN_GAP = 0.01  # seconds; the least gap an agent accepts from a reply (bounds a bad reply)
 MAX_INTERVAL = 300.0  # seconds; the largest interval an agent accepts from a reply

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ringseed.protocol import pacing
+
 GB = 10**9
 MiB = 1 << 20
 
@@ -34,7 +36,7 @@ class Agents:
     heartbeat_interval: float = 1.0
     stream_slots: int = 8
     heartbeat_rate: float | None = None  # the tracker's pacing budget (None: announcements go at once)
-    early_gap: float = 0.05  # the least gap between a node's announcements in a small swarm (paced)
+    early_gap: float = pacing.DEFAULT_GAP  # the least gap between a node's announcements in a small swarm (paced)
 
 
 @dataclass(frozen=True)

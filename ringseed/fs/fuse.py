@@ -222,7 +222,8 @@ class CacheOperations(Operations):  # type: ignore[misc]
             handle.close()  # the acknowledgement: close(2) returns after it (or with its error)
 
     def release(self, path: str, fh: int) -> None:
-        handle = self.handles.pop(fh, None)
+        with self._lock:  # page_cache looks through the handles under this lock
+            handle = self.handles.pop(fh, None)
         if handle is not None and not handle.closed:
             handle.close()
 

@@ -52,6 +52,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="tracker: least seconds between a node's early heartbeats (news to tell) in a small swarm",
     )
     parser.add_argument(
+        "--front-seats",
+        type=cmdline.non_negative_int,
+        default=pacing.DEFAULT_FRONT_SEATS,
+        help="tracker: nodes that last announced a chunk few nodes hold keep --early-gap (the front of "
+        "the pipeline; 0: none)",
+    )
+    parser.add_argument(
         "--heartbeat-timeout", type=cmdline.positive_seconds, default=10.0, help="coordinator: seconds to lose a peer"
     )
     parser.add_argument(
@@ -114,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
             url=(args.advertise_url or "").rstrip("/"),
             heartbeat_rate=float(args.heartbeat_rate) or None,
             early_gap=args.early_gap,
+            front_seats=args.front_seats,
         )
     else:
         from ringseed.master import coordinator  # type: ignore[attr-defined,unused-ignore]

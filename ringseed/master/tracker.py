@@ -22,7 +22,9 @@ lowercase hex SHA-256, node names 1-253 of ``[A-Za-z0-9._-]`` starting with a le
   ``heartbeat_interval`` and ``early_gap`` are the node's pace (:mod:`ringseed.protocol.pacing`):
   heartbeat every ``heartbeat_interval`` seconds, and when there is news to tell (a verified
   chunk, a drop, a problem) no sooner than ``early_gap`` seconds after the last heartbeat. Both
-  grow with the swarm so that it sends at most ``--heartbeat-rate`` heartbeats per second;
+  grow with the swarm so that it sends at most ``--heartbeat-rate`` heartbeats per second
+  (nodes on origin duty and ``--front-seats`` nodes that last announced a chunk at most 4 nodes
+  hold keep the base gap);
   a node waiting for news of chunks watches (below) instead of heartbeating.
   ``chunks`` are batched announcements of verified chunks; a hash rides along only from the
   origin-duty node; ``from`` names the node the chunk was fetched (or streamed) from, null or
@@ -119,12 +121,14 @@ def create_app(
     url: str = "",
     heartbeat_rate: float | None = pacing.DEFAULT_RATE,
     early_gap: float = pacing.DEFAULT_GAP,
+    front_seats: int = pacing.DEFAULT_FRONT_SEATS,
 ) -> aioweb.Application:
     """The tracker-role application; ``replies``: how heartbeat replies tell availability
     (``FULL``: the behaviour before deltas, for comparison); ``lock``: this replica leads only
     while it holds it (:mod:`ringseed.master.replica`; None: a single replica), ``url`` is where
     it answers (named to followers' callers); ``heartbeat_rate``: heartbeats per second the
-    swarm's pace aims at (None: every node keeps ``heartbeat_interval`` and ``early_gap``)."""
+    swarm's pace aims at (None: every node keeps ``heartbeat_interval`` and ``early_gap``);
+    ``front_seats``: nodes at the front of the pipeline that keep ``early_gap``."""
     settings = _Settings(
         offline_after=offline_after,
         heartbeat_interval=heartbeat_interval,
@@ -132,6 +136,7 @@ def create_app(
         replies=replies,
         heartbeat_rate=heartbeat_rate,
         early_gap=early_gap,
+        front_seats=front_seats,
     )
     api = _Api(settings)
     timing = election.lease_timing(takeover_within=offline_after)
@@ -343,6 +348,7 @@ class _Settings:
     replies: tracker_log.Replies
     heartbeat_rate: float | None
     early_gap: float
+    front_seats: int
 
 
 class _Api:
@@ -378,6 +384,7 @@ class _Api:
                 interval=self.settings.heartbeat_interval,
                 gap=self.settings.early_gap,
                 rate=self.settings.heartbeat_rate,
+                front_seats=self.settings.front_seats,
             ),
         )
 

@@ -8,8 +8,11 @@ Two sides:
   early when it has news: a verified chunk to announce, a drop, a problem), so that the swarm
   sends at most ``rate`` heartbeats per second, whatever it does: ``gap = max(base gap,
   nodes / rate)``, ``interval = max(base interval, gap)``. The few nodes on origin duty keep
-  the base gap (the hashes they announce are what streaming receivers wait for): they add
-  at most ``seeders / base gap`` heartbeats per second to the budget. An agent told
+  the base gap (the hashes they announce are what streaming receivers wait for), and so do
+  the ``front_seats`` nodes that most recently announced a chunk then held by at most
+  :data:`FRONT_HOLDERS` nodes (the front of the pipeline, where a holder known a gap late
+  slows every later copy): together they add at most ``(seeders + front_seats) / base gap``
+  heartbeats per second to the budget. An agent told
   an interval may be silent that long, so once the pace is slower than the base one, a node
   counts as offline only after :data:`FACTOR` (3) times the largest interval still in force
   (told less than 3 such intervals ago) if that is longer than the configured silence
@@ -28,6 +31,8 @@ from dataclasses import dataclass
 
 DEFAULT_RATE = 1000  # heartbeats/s a swarm is paced to: ~0.3 of a core of per-request cost (BENCHMARKS section 9)
 DEFAULT_GAP = 0.05  # seconds between a node's early heartbeats in a small swarm (the agent's old 50 ms)
+DEFAULT_FRONT_SEATS = 8  # nodes at the front of the pipeline that keep the base gap (BENCHMARKS section 3)
+FRONT_HOLDERS = 4  # a chunk held by at most this many nodes is at the front
 FACTOR = 3.0  # offline after this many intervals in force
 MIN_GAP = 0.01  # seconds; the least gap an agent accepts from a reply (bounds a bad reply)
 MAX_INTERVAL = 300.0  # seconds; the largest interval an agent accepts from a reply
@@ -48,21 +53,36 @@ class Budget:
     ``rate``: heartbeats per second the tracker aims to serve (None: no scaling, every node is
     told the base pace, the behaviour before pacing)."""
 
-    def __init__(self, *, interval: float, gap: float, rate: float | None = None) -> None:
+    def __init__(self, *, interval: float, gap: float, rate: float | None = None, front_seats: int = 0) -> None:
         if rate is not None and rate <= 0:
             raise ValueError("the heartbeat rate budget must be positive")
         self.base = Pace(interval=interval, gap=min(gap, interval))
         self.rate = rate
+        self.front_seats = max(0, front_seats)
+        self.front: dict[str, None] = {}  # the nodes on front seats, least recent first
         self._told = self.base.interval  # the largest interval in force ...
         self._told_until = 0.0  # ... until then (a node told it is offline if silent by then)
 
-    def pace(self, *, nodes: int, duty: bool = False) -> Pace:
-        """The pace of a node in a swarm of ``nodes`` (``duty``: it holds origin duty)."""
+    def pace(self, *, nodes: int, duty: bool = False, node: str | None = None) -> Pace:
+        """The pace of ``node`` in a swarm of ``nodes`` (``duty``: it holds origin duty)."""
         if self.rate is None:
             return self.base
         gap = max(self.base.gap, nodes / self.rate)
         interval = max(self.base.interval, gap)
-        return Pace(interval=interval, gap=self.base.gap if duty else gap)
+        return Pace(interval=interval, gap=self.base.gap if duty or node in self.front else gap)
+
+    def rare_copy(self, node: str) -> None:
+        """``node`` announced a chunk held by at most :data:`FRONT_HOLDERS` nodes: it takes a
+        front seat (the least recent holder of one gives it up)."""
+        if self.front_seats:
+            self.front.pop(node, None)
+            self.front[node] = None
+            while len(self.front) > self.front_seats:
+                del self.front[next(iter(self.front))]
+
+    def forget(self, node: str) -> None:
+        """``node`` left the swarm."""
+        self.front.pop(node, None)
 
     def told(self, pace: Pace, *, now: float) -> Pace:
         """Record that a node was told ``pace`` now (it heartbeats again within its interval)."""

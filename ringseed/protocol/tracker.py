@@ -13,7 +13,8 @@ Rules:
 - Pacing (:mod:`ringseed.protocol.pacing`, with a ``budget``): every heartbeat reply names the
   node's pace, the regular interval and the least gap between its early heartbeats, scaled with
   the number of registered nodes so that the swarm stays within the budget's heartbeats per
-  second (origin-duty nodes keep the base gap); ``offline_after`` grows to 3 intervals while a
+  second (origin-duty nodes keep the base gap, and so do the few nodes that last announced a
+  chunk few nodes hold: the front of the pipeline); ``offline_after`` grows to 3 intervals while a
   slower pace than the base one is in force, and returns to the configured value after.
 - Source revision (``ringseed.protocol.revision``): the tracker distributes one revision at a
   time (``source``; ``revision`` is its id). The first one known (published by the agent on
@@ -464,6 +465,8 @@ class Tracker:
                 self._pull_ended(index)
             if counted:
                 self._count(index, 1)
+        if self.budget is not None and any(self._avail[i] <= pacing.FRONT_HOLDERS for i in added):
+            self.budget.rare_copy(node)
         return rejected
 
     def _length(self, index: int) -> int:
@@ -555,7 +558,8 @@ class Tracker:
         """The pace ``node`` is told now (:mod:`ringseed.protocol.pacing`; None without a budget)."""
         if self.budget is None:
             return None
-        told = self.budget.told(self.budget.pace(nodes=len(self.nodes), duty=node in self.duty), now=now)
+        pace = self.budget.pace(nodes=len(self.nodes), duty=node in self.duty, node=node)
+        told = self.budget.told(pace, now=now)
         self.offline_after = max(self.offline_after, self.budget.silence(now=now))
         return told
 
@@ -708,6 +712,8 @@ class Tracker:
         self.pulls.forget(state.name)
         if state.name in self.duty:
             self.duty.remove(state.name)
+        if self.budget is not None:
+            self.budget.forget(state.name)
         if not keep_counters:
             self.origin_bytes_gone += state.origin_bytes
 

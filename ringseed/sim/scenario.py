@@ -37,6 +37,7 @@ class Agents:
     stream_slots: int = 8
     heartbeat_rate: float | None = None  # the tracker's pacing budget (None: announcements go at once)
     early_gap: float = pacing.DEFAULT_GAP  # the least gap between a node's announcements in a small swarm (paced)
+    front_seats: int = pacing.DEFAULT_FRONT_SEATS  # nodes at the pipeline's front that keep the base gap (paced)
 
 
 @dataclass(frozen=True)

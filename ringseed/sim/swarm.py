@@ -84,7 +84,12 @@ class Swarm:
         self.net = flow.Network(up=up, down=down)
         rate = self.agents.heartbeat_rate
         budget = (
-            pacing.Budget(interval=self.agents.heartbeat_interval, gap=self.agents.early_gap, rate=rate)
+            pacing.Budget(
+                interval=self.agents.heartbeat_interval,
+                gap=self.agents.early_gap,
+                rate=rate,
+                front_seats=self.agents.front_seats,
+            )
             if rate is not None
             else None
         )

@@ -18,7 +18,11 @@ def test_agents_take_the_pace_of_a_tracker_with_a_small_budget_and_still_complet
     expected = source_manifest(root, chunk_size=MiB)
     # 4 agents at 2 heartbeats per second: every 2 s, early ones no sooner than 2 s apart
     local = swarm_factory(
-        source=root.as_uri(), nodes=4, chunk_size=MiB, heartbeat_interval=0.25, master_args=["--heartbeat-rate", "2"]
+        source=root.as_uri(),
+        nodes=4,
+        chunk_size=MiB,
+        heartbeat_interval=0.25,
+        master_args=["--heartbeat-rate", "2", "--front-seats", "0"],  # (4 nodes: every copy is at the front)
     )
     local.start()
     status = local.wait_for(local.all_verified, timeout=180, what="4 verified copies")

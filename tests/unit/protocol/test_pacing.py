@@ -6,7 +6,17 @@ import heapq
 
 import pytest
 
-from ringseed.protocol import pacing, tracker
+from ringseed.protocol import manifest, pacing, tracker
+
+MiB = 1 << 20
+
+
+def digest(index: int) -> str:
+    return format(index, "064x")
+
+
+def layout(chunks: int) -> manifest.Layout:
+    return manifest.Layout.build([("m.bin", chunks * MiB, 0o644)], chunk_size=MiB)
 
 
 def test_the_pace_scales_with_the_swarm_to_the_budget() -> None:
@@ -118,3 +128,25 @@ def test_a_paced_swarm_sends_within_the_budget() -> None:
             assert t.purge(now=now) == []  # nobody paced looks silent
     late = [s for s in sent if s >= 10.0]
     assert len(late) / (horizon - 10.0) <= rate * 1.01 + 1 / 0.05
+
+
+def test_the_front_of_the_pipeline_keeps_the_base_gap_on_a_bounded_number_of_seats() -> None:
+    budget = pacing.Budget(interval=1.0, gap=0.05, rate=10.0, front_seats=2)
+    t = tracker.Tracker(epoch="e", offline_after=5.0, budget=budget)
+    names = [f"n{i}" for i in range(40)]
+    for name in names:
+        t.register(node=name, url=f"http://{name}", session="s", now=0.0)
+    t.publish(node="n0", layout=layout(8), hashes=None, now=0.0)
+    t.heartbeat(node="n0", now=0.1, chunks=[(i, digest(i)) for i in range(8)])  # n0 (duty) pulled all
+    slow = pacing.Pace(interval=4.0, gap=4.0)
+    assert t.heartbeat(node="n5", now=0.2).pace == slow
+    for k, name in enumerate(names[1:4], start=1):  # holders 2, 3, 4 of chunk 0: the front
+        assert t.heartbeat(node=name, now=0.3, chunks=[(0, None, "n0")]).pace == pacing.Pace(interval=4.0, gap=0.05)
+        assert t.availability()[0] == k + 1
+    assert t.heartbeat(node="n1", now=0.4).pace == slow  # two seats: n2 and n3 hold them now
+    for name in names[4:8]:  # holders 5 to 8 of chunk 0: no longer rare, no seat
+        assert t.heartbeat(node=name, now=0.5, chunks=[(0, None, "n0")]).pace == slow
+    assert t.heartbeat(node="n3", now=0.6).pace == pacing.Pace(interval=4.0, gap=0.05)
+    t.heartbeat(node="n3", now=0.7, dropped=[0])
+    t.purge(now=30.0)  # everyone silent: gone, seats too
+    assert budget.front == {}

@@ -108,10 +108,12 @@ def test_liars_are_reported_and_penalised_and_nobody_holds_a_bad_chunk() -> None
 
 def test_a_paced_swarm_announces_at_the_pace_and_completes_later() -> None:
     """With a small heartbeat budget a node announces verified chunks no sooner than its gap after
-    its last announcement (12 nodes at 3 per second: 4 s; the origin-duty node keeps 0.05 s), so
-    holders become known later (store and forward: every copy but the first is from a holder)."""
+    its last announcement (12 nodes at 3 per second: 4 s; the origin-duty node keeps 0.05 s, no
+    front seats: in 12 nodes every copy is at the front), so holders become known later (store
+    and forward: every copy but the first is from a holder)."""
     fast = swarm.simulate(small(agents=scenario.Agents(stream_slots=0)))
-    sw = swarm.Swarm(small(agents=scenario.Agents(stream_slots=0, heartbeat_rate=3.0, offline_after=30.0)))
+    paced_agents = scenario.Agents(stream_slots=0, heartbeat_rate=3.0, offline_after=30.0, front_seats=0)
+    sw = swarm.Swarm(small(agents=paced_agents))
     times: dict[int, list[float]] = {}
     announce = sw._announce
 

@@ -17,7 +17,9 @@ and T is extrapolated linearly: T = T(2K) + (C - 2K) x max(slope, chunk/B_o), sl
 second prefix. ``--prefix K`` sets K; with ``--single`` one prefix of K chunks is simulated and
 the rest is assumed to leave at the origin's pace (``Scenario.prefix_chunks``). ``--nodes``
 picks N. ``--quick`` lowers the budget and drops N = 10,000. ``--validate`` compares the
-approximation with exact runs at N = 100 and 1,000 (1 GB chunks).
+approximation with exact runs at N = 100 and 1,000 (1 GB chunks). ``--heartbeat-rate R`` gives
+the tracker a pacing budget (a node announces no sooner than the gap it names; ``--front-seats``
+how many nodes at the pipeline's front keep the short gap).
 
 Every node is ringseed's own agent core and the master is ringseed's own tracker
 (:mod:`ringseed.sim.swarm`); the cost is about ten core ticks and a dozen tracker calls per
@@ -145,6 +147,10 @@ def main() -> int:
     parser.add_argument("--single", action="store_true", help="with --prefix: one prefix, rest at B_o")
     parser.add_argument("--liars", type=int, default=0, help="nodes serving corrupt bytes (trust)")
     parser.add_argument("--bad-ram", type=int, default=0, help="nodes receiving every chunk corrupted (trust)")
+    parser.add_argument(
+        "--heartbeat-rate", type=float, default=None, help="the tracker's pacing budget, heartbeats/s (default: none)"
+    )
+    parser.add_argument("--front-seats", type=int, default=None, help="paced: front seats (default: the tracker's)")
     args = parser.parse_args()
     nodes = tuple(int(n) for n in args.nodes.split(",")) if args.nodes else None
     if args.validate:
@@ -162,6 +168,7 @@ def main() -> int:
             continue
         for config in configs:
             config = _override(config, upload_slots=args.upload_slots, origin_slots=args.origin_depth)
+            config = _override(config, heartbeat_rate=args.heartbeat_rate, front_seats=args.front_seats)
             config = dataclasses.replace(config, liars=args.liars, bad_ram=args.bad_ram)
             prefix = args.prefix if name != "calibration" else None
             row = {"group": name, **run(config, budget=budget, prefix=prefix, single=args.single)}
@@ -186,7 +193,7 @@ def main() -> int:
     return 0
 
 
-def _override(config: scenario.Scenario, **agents: int | None) -> scenario.Scenario:
+def _override(config: scenario.Scenario, **agents: float | None) -> scenario.Scenario:
     changes = {k: v for k, v in agents.items() if v is not None}
     if not changes:
         return config

@@ -5,7 +5,7 @@ What this module owns
   non-blocking system calls: it writes the next ready frame to the successor (``writev`` of the
   header and a memoryview of the array itself, no copy) and reads from the predecessor
   (``readv`` into the array, for copies, or into a staging buffer, for reductions, which it then
-  combines with in-place numpy ufuncs), and waits in one ``select`` only when neither side can
+  combines with in-place numpy ufuncs), and waits in one ``poll`` only when neither side can
   move. Segment ``k`` travels on connection ``k % C`` (``connections_per_peer``). There is no
   I/O thread and so no hand-off per segment: measured on a shared 2-core machine, the thread per
   link and direction cost more (context switches, the GIL passed back and forth) than sending
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import select
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -153,8 +152,7 @@ def _drive(run: Run, outs: Sequence[socket.socket], ins: Sequence[socket.socket]
             if any(s.pending() for s in senders):  # waiting for a receive that is not pending: a plan bug
                 raise RuntimeError("ring plan has a send waiting for a receive that never comes")
             return
-        ready_r, ready_w, _ = select.select(readable, writable, [], io_timeout)
-        if not ready_r and not ready_w:
+        if not transport.wait(read=readable, write=writable, timeout=io_timeout):
             raise TimeoutError(f"no progress for {io_timeout} s")
 
 

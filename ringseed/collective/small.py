@@ -15,7 +15,7 @@ Rules
   gives every ring socket a timeout, which CPython implements with ``O_NONBLOCK``), a frame
   goes out in one ``writev`` (header and payload, no copy) and comes in with ``readv`` into a
   scratch buffer of exactly the expected frame, so a step is usually one write and one read,
-  plus one ``select`` when the peer's frame has not arrived yet. Socket methods would ``poll``
+  plus one ``poll`` when the peer's frame has not arrived yet. Socket methods would ``poll``
   before every call.
 - A frame is validated against the expectation (tag, step, dtype, byte count) before any of
   its payload is used; nothing reaches the caller's buffer before that (the scratch buffer
@@ -30,7 +30,6 @@ Rules
 from __future__ import annotations
 
 import os
-import select
 import socket
 
 import numpy as np
@@ -132,10 +131,10 @@ def _exchange(
                 assert expect is not None
                 transport.check_header(frame[: frames.HEADER_BYTES], expect)
                 checked = True
-        if not progressed:
-            readable, writable, _ = select.select([in_fd] if got < len(frame) else [], [out_fd] if send else [], [], io)
-            if not readable and not writable:
-                raise TimeoutError(f"no progress for {io} s")
+        if not progressed and not transport.wait(
+            read=[in_fd] if got < len(frame) else [], write=[out_fd] if send else [], timeout=io
+        ):
+            raise TimeoutError(f"no progress for {io} s")
     return frame[frames.HEADER_BYTES :]
 
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import socket
 import time
+from collections.abc import Sequence
 
 from ringseed.protocol import frames
 
@@ -71,6 +73,21 @@ def advance(views: list[memoryview], n: int) -> list[memoryview]:
     if views and n:
         views = [views[0][n:], *views[1:]]
     return views
+
+
+def wait(*, read: Sequence[int], write: Sequence[int], timeout: float) -> bool:
+    """Block until a descriptor of ``read`` is readable or one of ``write`` writable (an error or a
+    hang-up counts: the next call on it says which), at most ``timeout`` seconds; False if none.
+    ``poll``, not ``select``: a busy process has descriptors above FD_SETSIZE (1024)."""
+    poller = select.poll()
+    events: dict[int, int] = {}
+    for fd in read:
+        events[fd] = events.get(fd, 0) | select.POLLIN
+    for fd in write:
+        events[fd] = events.get(fd, 0) | select.POLLOUT
+    for fd, mask in events.items():
+        poller.register(fd, mask)
+    return bool(poller.poll(max(0, int(timeout * 1000))))
 
 
 def recv_header(sock: socket.socket, buf: bytearray) -> frames.Header:

@@ -5,7 +5,10 @@ References are computed with plain numpy over the stacked inputs, never through 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
+import resource
 from collections.abc import Iterator
 
 import numpy as np
@@ -129,3 +132,37 @@ def test_empty_array_and_single_peer_are_no_ops() -> None:
     with _engine_ring.ring(2) as pair:
         empties = [np.zeros(0, np.float32) for _ in pair]
         _engine_ring.each(pair, lambda e: e.all_reduce(empties[e.rank], op=Op.SUM, tag=1))
+
+
+@contextlib.contextmanager
+def descriptors_above(floor: int) -> Iterator[None]:
+    """Hold open descriptors up to ``floor``, so the next sockets get numbers above it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = floor + 256
+    if hard != resource.RLIM_INFINITY and hard < want:
+        pytest.skip(f"the open-files hard limit ({hard}) is below {want}")
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    held: list[int] = []
+    try:
+        while not held or held[-1] < floor:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_ring_and_small_paths_work_on_descriptors_above_fd_setsize() -> None:
+    """select() cannot watch a descriptor >= FD_SETSIZE (1024), and a training process with many
+    files and sockets open gets its ring links there: both paths wait with poll()."""
+    with descriptors_above(1100), _engine_ring.ring(2) as peers:
+        assert min(s.fileno() for p in peers for s in p._outs + p._ins) > 1024
+        for count in (16, (1 << 20) // 4):  # the small path, then the ring
+            arrays = [np.full(count, e.rank + 1.0, np.float32) for e in peers]
+            _engine_ring.each(
+                peers, lambda e, a=arrays, t=count: e.all_reduce(a[e.rank], op=engine.ReduceOp.SUM, tag=t)
+            )
+            for a in arrays:
+                np.testing.assert_array_equal(a, np.full(count, 3.0, np.float32))

@@ -5,7 +5,7 @@ own thread and event loop, as the component tests do, against KMock (the compone
 emulator without the bookkeeping that only assertions use: ``bench/kmock_lean.py``) over HTTP on loopback; creates N
 ModelDistributions at once, and prints p50/p95/max of the time from each create to (a) all its
 children present (every object its builders make: token Secret, master Deployment and Service,
-agent DaemonSet, the masters' Lease identity) and (b) the first status
+agent DaemonSet, and the namespace's master identity, made once) and (b) the first status
 patch. Masters are unreachable here (a closed loopback port), as right after a real create.
 Also printed: the CPU time the process (operator and KMock together) spent from the first create
 until every resource had its children and status (robust where wall time is not: on a shared
@@ -45,7 +45,7 @@ import kopf  # noqa: E402
 
 from bench import kmock_lean  # noqa: E402
 from ringseed.api import constants, validation  # noqa: E402
-from ringseed.operator import builders, command, masters  # noqa: E402
+from ringseed.operator import builders, builders_common, command, masters  # noqa: E402
 from ringseed.operator import config as config_module  # noqa: E402
 from tests.component.operator import conftest as harness  # noqa: E402
 
@@ -58,6 +58,8 @@ def children_of(body: dict[str, Any]) -> set[tuple[str, str]]:
     name = body["metadata"]["name"]
     spec = validation.parse_model_distribution(body["spec"], name=name, data_root=config.data_root)
     built = builders.md_children(body=body, spec=spec, config=config)
+    if any(builders_common.uses_master_identity(c) for c in built):  # made once for the namespace
+        built += builders_common.master_identity(namespace=body["metadata"]["namespace"])
     return {("secrets", f"{name}-token")} | {(PLURALS[c["kind"]], c["metadata"]["name"]) for c in built}
 
 

@@ -39,6 +39,9 @@ COMPONENT_MASTER = "master"
 COMPONENT_AGENT = "agent"
 COMPONENT_WORKER = "worker"
 COMPONENT_CLEANUP = "cleanup"
+COMPONENT_MASTER_IDENTITY = "master-identity"
+# The ServiceAccount (with its Role and RoleBinding) every replicated master of a namespace runs as
+MASTER_ACCOUNT = "ringseed-master"
 SPEC_HASH_ANNOTATION = "ringseed.io/spec-hash"
 MODEL_SOURCE_ANNOTATION = "ringseed.io/model-source"
 

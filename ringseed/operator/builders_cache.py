@@ -86,16 +86,10 @@ def children(
     if not wanted(spec):
         return []
     return [
-        *rbac(body=body),
         master_deployment(body=body, spec=spec, config=config),
         common.master_service(body=body, owner_kind=OWNER, suffix=SUFFIX, component=constants.COMPONENT_CACHE),
         agent_daemonset(body=body, spec=spec, config=config),
     ]
-
-
-def rbac(*, body: common.Body) -> list[dict[str, Any]]:
-    """The cache master's identity: Leases in its namespace, nothing more."""
-    return common.lease_identity(body=body, suffix=SUFFIX, component=constants.COMPONENT_CACHE, owner_kind=OWNER)
 
 
 def master_deployment(
@@ -117,7 +111,7 @@ def master_deployment(
         body=body, owner_kind=OWNER, role="cache", flags=flags, config=config,
         suffix=SUFFIX, component=constants.COMPONENT_CACHE, replicas=2,
     )  # fmt: skip
-    return common.with_lease_identity(deployment, account=f"{name}-{SUFFIX}")
+    return common.with_lease_identity(deployment)
 
 
 def agent_daemonset(

@@ -142,10 +142,24 @@ def http_probe(*, port: str, period: int, failures: int, path: str = "/healthz",
     }
 
 
-def lease_identity(*, body: Body, suffix: str, component: str, owner_kind: str) -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding ``<name>-<suffix>`` of a replicated master: it may get,
-    create and patch Leases in its namespace (leader election), nothing else."""
-    meta = metadata(body=body, suffix=suffix, component=component, owner_kind=owner_kind)
+def master_identity(*, namespace: str) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding ``ringseed-master`` (``constants.MASTER_ACCOUNT``) that
+    every replicated master of ``namespace`` runs as, trackers and cache masters alike: it may
+    get, create and patch Leases in its namespace (leader election), nothing else.
+
+    One per namespace, not one per resource: Kubernetes cannot narrow ``create`` to one Lease
+    name, so an identity per resource granted exactly as much, for three more API objects per
+    resource. Owned by no resource: the operator deletes it with the namespace's last
+    ModelDistribution or TrainingGroup (``runtime.release_identity``)."""
+    meta = {
+        "name": constants.MASTER_ACCOUNT,
+        "namespace": namespace,
+        "labels": {
+            constants.LABEL_NAME: constants.APP_NAME,
+            constants.LABEL_COMPONENT: constants.COMPONENT_MASTER_IDENTITY,
+            constants.LABEL_MANAGED_BY: constants.MANAGED_BY,
+        },
+    }
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": copy.deepcopy(meta)}
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -157,10 +171,16 @@ def lease_identity(*, body: Body, suffix: str, component: str, owner_kind: str) 
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
         "metadata": copy.deepcopy(meta),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": meta["name"]},
-        "subjects": [{"kind": "ServiceAccount", "name": meta["name"], "namespace": meta["namespace"]}],
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": constants.MASTER_ACCOUNT},
+        "subjects": [{"kind": "ServiceAccount", "name": constants.MASTER_ACCOUNT, "namespace": namespace}],
     }
     return [with_spec_hash(account), with_spec_hash(role), with_spec_hash(binding)]
+
+
+def uses_master_identity(obj: Mapping[str, Any]) -> bool:
+    """Whether ``obj`` (a built child) runs pods as the namespace's master identity."""
+    pod = obj.get("spec", {}).get("template", {}).get("spec", {})
+    return obj.get("kind") == "Deployment" and pod.get("serviceAccountName") == constants.MASTER_ACCOUNT
 
 
 def replica_env() -> list[dict[str, Any]]:
@@ -174,11 +194,11 @@ def replica_env() -> list[dict[str, Any]]:
     ]
 
 
-def with_lease_identity(deployment: dict[str, Any], *, account: str) -> dict[str, Any]:
-    """``deployment``'s pods run as ``account`` (made by :func:`lease_identity`), with its token
-    mounted (Leases are the only thing that identity may touch) and :func:`replica_env`."""
+def with_lease_identity(deployment: dict[str, Any]) -> dict[str, Any]:
+    """``deployment``'s pods run as the namespace's master identity (:func:`master_identity`),
+    with its token mounted (Leases are the only thing it may touch) and :func:`replica_env`."""
     pod = deployment["spec"]["template"]["spec"]
-    pod["serviceAccountName"] = account
+    pod["serviceAccountName"] = constants.MASTER_ACCOUNT
     pod["automountServiceAccountToken"] = True
     pod["containers"][0]["env"] = replica_env()
     return with_spec_hash(deployment)

@@ -101,15 +101,10 @@ def children(
     *, body: common.Body, spec: types.ModelDistributionSpec, config: config_module.OperatorConfig
 ) -> list[dict[str, Any]]:
     """Deployment and Service ``<name>-master`` (tracker) and DaemonSet ``<name>-agent``; with more
-    than one tracker replica also the masters' Lease identity (see :func:`master_deployment`)."""
+    than one tracker replica the Deployment runs as the namespace's master identity, which the
+    operator makes once per namespace (``common.master_identity``)."""
     _check(body=body, spec=spec, config=config)
-    identity: list[dict[str, Any]] = []
-    if config.tracker_replicas > 1:
-        identity = common.lease_identity(
-            body=body, suffix="master", component=constants.COMPONENT_MASTER, owner_kind=OWNER
-        )
     return [
-        *identity,
         master_deployment(body=body, spec=spec, config=config),
         common.master_service(body=body, owner_kind=OWNER),
         agent_daemonset(body=body, spec=spec, config=config),
@@ -141,7 +136,7 @@ def master_deployment(
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     container["readinessProbe"] = common.http_probe(port="http", period=1, failures=1, path="/readyz", timeout=1)
     if replicated:
-        return common.with_lease_identity(deployment, account=f"{name}-master")
+        return common.with_lease_identity(deployment)
     return common.with_spec_hash(deployment)
 
 

@@ -23,9 +23,6 @@ CHILD_KINDS = (
     ("apps/v1", "Deployment", builders_cache.SUFFIX),
     ("v1", "Service", builders_cache.SUFFIX),
     ("apps/v1", "DaemonSet", builders_cache.AGENT_SUFFIX),
-    ("v1", "ServiceAccount", builders_cache.SUFFIX),
-    ("rbac.authorization.k8s.io/v1", "Role", builders_cache.SUFFIX),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding", builders_cache.SUFFIX),
 )
 
 

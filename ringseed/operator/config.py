@@ -69,6 +69,7 @@ class OperatorConfig:
     heartbeat_seconds: int = 2
     offline_after_seconds: int = 10
     status_interval_seconds: float = 5.0
+    apply_concurrency: int = 16  # resources whose spec is applied at once (runtime.Runtime.apply_slot)
     tracker_replicas: int = 2
     service_account: str = ""
     watch_namespaces: tuple[str, ...] = ()
@@ -166,6 +167,7 @@ _VARIABLES: dict[str, tuple[str, Any]] = {
     "RINGSEED_HEARTBEAT_SECONDS": ("heartbeat_seconds", _positive_int),
     "RINGSEED_OFFLINE_AFTER_SECONDS": ("offline_after_seconds", _positive_int),
     "RINGSEED_STATUS_INTERVAL_SECONDS": ("status_interval_seconds", _positive_float),
+    "RINGSEED_APPLY_CONCURRENCY": ("apply_concurrency", _positive_int),
     "RINGSEED_TRACKER_REPLICAS": ("tracker_replicas", _positive_int),
     "RINGSEED_SERVICE_ACCOUNT": ("service_account", str),
     "RINGSEED_WATCH_NAMESPACES": ("watch_namespaces", _names),

@@ -85,6 +85,7 @@ async def observe(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logge
         return
     if previous.get("observedGeneration") is None:
         return  # the handler has not applied the spec yet; it writes the first status
+    await runtime.keep_identity(rt, body=body)
     reach = await runtime.read_master(rt, body=body)
     now = runtime.now_text()
     swarm = None

@@ -97,6 +97,7 @@ async def observe(rt: runtime.Runtime, *, body: Mapping[str, Any], logger: Logge
     previous = body.get("status") or {}
     if previous.get("phase") in (None, "WaitingForModel", "Failed"):
         return  # the handler owns the status until the children exist
+    await runtime.keep_identity(rt, body=body)
     try:
         spec = parse(body, data_root=rt.config.data_root)
     except validation.SpecError as exc:  # keep saying why (heals a racing write)

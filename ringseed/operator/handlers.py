@@ -58,7 +58,8 @@ def _register_distributions(*, registry: kopf.OperatorRegistry, interval: float)
     @kopf.on.create(*MD, registry=registry)
     @kopf.on.update(*MD, field="spec", registry=registry)
     async def md_apply(body: kopf.Body, logger: Any, memo: Any, reason: Any, **_: Any) -> None:
-        await distributions.apply(_rt(memo), body=body, logger=logger, fresh=reason == kopf.Reason.CREATE)
+        async with _rt(memo).apply_slot():
+            await distributions.apply(_rt(memo), body=body, logger=logger, fresh=reason == kopf.Reason.CREATE)
 
     @kopf.timer(
         *MD, interval=interval, initial_delay=_first_tick(interval), backoff=max(1.0, interval), registry=registry
@@ -76,7 +77,8 @@ def _register_groups(*, registry: kopf.OperatorRegistry, interval: float) -> Non
     @kopf.on.create(*TG, registry=registry)
     @kopf.on.update(*TG, field="spec", registry=registry)
     async def tg_apply(body: kopf.Body, logger: Any, memo: Any, reason: Any, **_: Any) -> None:
-        await groups.apply(_rt(memo), body=body, logger=logger, fresh=reason == kopf.Reason.CREATE)
+        async with _rt(memo).apply_slot():
+            await groups.apply(_rt(memo), body=body, logger=logger, fresh=reason == kopf.Reason.CREATE)
 
     @kopf.timer(
         *TG, interval=interval, initial_delay=_first_tick(interval), backoff=max(1.0, interval), registry=registry

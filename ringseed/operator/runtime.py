@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import kopf
 
 from ringseed.api import constants, validation
-from ringseed.operator import builders, builders_monitor, kube, masters, status
+from ringseed.operator import builders, builders_common, builders_monitor, kube, masters, status
 from ringseed.operator import config as config_module
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,20 @@ class Runtime:
     silence: masters.Silence = field(default_factory=masters.Silence)
     tokens: dict[tuple[str, str], str] = field(default_factory=dict)
     labelled: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    # the namespaces whose master identity this process made or found (ensure_identity), the
+    # resources whose masters run as it, and one lock per namespace (one apply, not one per resource)
+    identities: set[str] = field(default_factory=set)
+    identity_users: set[tuple[str, str, str]] = field(default_factory=set)
+    identity_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    applying: asyncio.Semaphore | None = None  # see apply_slot
+
+    def apply_slot(self) -> asyncio.Semaphore:
+        """At most ``config.apply_concurrency`` resources have their spec applied at once; the rest
+        wait their turn. Under a burst of creates the first resources get their children early
+        instead of every resource getting them at the end (the API calls are the same)."""
+        if self.applying is None:
+            self.applying = asyncio.Semaphore(self.config.apply_concurrency)
+        return self.applying
 
     @classmethod
     def create(
@@ -162,15 +176,73 @@ async def apply_children(
     ``fresh``: the resource was just created (try creates before reads)."""
     token = secrets.token_urlsafe(32)
     secret = builders.token_secret(body=body, token=token)
-    outcomes = await asyncio.gather(
+    identity = []
+    if any(builders_common.uses_master_identity(child) for child in children):
+        rt.identity_users.add(user_of(body))
+        identity.append(ensure_identity(rt, namespace=ident(body)[0], fresh=fresh))
+    applying = asyncio.gather(
         kube.apply(rt.kube, obj=secret, once=True, fresh=fresh),
         *(kube.apply(rt.kube, obj=child, fresh=fresh) for child in children),
     )
+    await asyncio.gather(applying, *identity)
+    outcomes = applying.result()
     if outcomes[0] is kube.Applied.CREATED:
         rt.tokens[ident(body)] = token  # saves the timer reading it back
     for obj, outcome in zip([secret, *children], outcomes, strict=True):
         if outcome is not kube.Applied.UNCHANGED:
             logger.info("%s %s %s", outcome.value, obj["kind"], obj["metadata"]["name"])
+
+
+def user_of(body: Mapping[str, Any]) -> tuple[str, str, str]:
+    namespace, name = ident(body)
+    return str(body["kind"]), namespace, name
+
+
+async def ensure_identity(rt: Runtime, *, namespace: str, fresh: bool = False) -> None:
+    """The namespace's master identity exists (made once per namespace and process; see
+    ``builders_common.master_identity``). Resources applied at once wait for one apply."""
+    lock = rt.identity_locks.setdefault(namespace, asyncio.Lock())
+    async with lock:
+        if namespace in rt.identities:
+            return
+        identity = builders_common.master_identity(namespace=namespace)
+        outcomes = await asyncio.gather(*(kube.apply(rt.kube, obj=obj, fresh=fresh) for obj in identity))
+        for obj, outcome in zip(identity, outcomes, strict=True):
+            if outcome is not kube.Applied.UNCHANGED:
+                log.info("%s %s %s/%s", outcome.value, obj["kind"], namespace, obj["metadata"]["name"])
+        rt.identities.add(namespace)
+
+
+async def keep_identity(rt: Runtime, *, body: Mapping[str, Any]) -> None:
+    """For the status timers: make the identity again if it was released while this resource was
+    being created (the namespace's last other resource deleted at that moment); costs nothing
+    while this process knows it exists."""
+    if user_of(body) in rt.identity_users:
+        await ensure_identity(rt, namespace=ident(body)[0])
+
+
+async def release_identity(rt: Runtime, *, body: Mapping[str, Any]) -> None:
+    """Delete the namespace's master identity if no ModelDistribution or TrainingGroup that is not
+    being deleted is left in it (asked of the API server: this process may not know them all)."""
+    namespace, _ = ident(body)
+    rt.identity_users.discard(user_of(body))
+    if any(user[1] == namespace for user in rt.identity_users):
+        return
+    for kind in (constants.MD_KIND, constants.TG_KIND):
+        items = await rt.kube.list(api_version=constants.API_VERSION, kind=kind, namespace=namespace)
+        if any(not (item.get("metadata") or {}).get("deletionTimestamp") for item in items):
+            return
+    async with rt.identity_locks.setdefault(namespace, asyncio.Lock()):
+        rt.identities.discard(namespace)
+        await asyncio.gather(
+            *(
+                rt.kube.delete(
+                    api_version=obj["apiVersion"], kind=obj["kind"], namespace=namespace, name=obj["metadata"]["name"]
+                )
+                for obj in builders_common.master_identity(namespace=namespace)
+            )
+        )
+    log.info("Deleted the master identity of namespace %s: no resource left there", namespace)
 
 
 async def delete_children(rt: Runtime, *, body: Mapping[str, Any], workload: tuple[str, str, str]) -> None:
@@ -187,6 +259,7 @@ async def delete_children(rt: Runtime, *, body: Mapping[str, Any], workload: tup
     )
     rt.tokens.pop((namespace, name), None)
     rt.silence.forget((body["kind"], namespace, name))
+    await release_identity(rt, body=body)
 
 
 async def read_master(rt: Runtime, *, body: Mapping[str, Any]) -> status.Reach:

@@ -10,9 +10,9 @@ CACHE_CHILDREN = (
     ("apps/v1/deployments", "ckpt-cache"),
     ("v1/services", "ckpt-cache"),
     ("apps/v1/daemonsets", "ckpt-cache-agent"),
-    ("v1/serviceaccounts", "ckpt-cache"),
-    ("rbac.authorization.k8s.io/v1/roles", "ckpt-cache"),
-    ("rbac.authorization.k8s.io/v1/rolebindings", "ckpt-cache"),
+    ("v1/serviceaccounts", "ringseed-master"),  # the namespace's master identity, made for the cache masters
+    ("rbac.authorization.k8s.io/v1/roles", "ringseed-master"),
+    ("rbac.authorization.k8s.io/v1/rolebindings", "ringseed-master"),
 )
 
 

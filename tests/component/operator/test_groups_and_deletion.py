@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ringseed.api import conditions
@@ -128,3 +129,35 @@ async def test_deleting_a_training_group_removes_its_children(operator: Operator
         (DAEMONSETS, "solo-worker"),
     ):
         assert get(kmock, resource, name) is None, name
+
+
+IDENTITY = (
+    ("v1/serviceaccounts", "ringseed-master"),
+    ("rbac.authorization.k8s.io/v1/roles", "ringseed-master"),
+    ("rbac.authorization.k8s.io/v1/rolebindings", "ringseed-master"),
+)
+
+
+async def test_the_masters_of_a_namespace_share_one_identity_until_its_last_resource_goes(operator: Operator) -> None:
+    kmock = operator.kmock
+    await asyncio.gather(*(create(kmock, MD_RES, model_distribution(name)) for name in ("one", "two")))
+    for name in ("one", "two"):
+        deployment = await eventually(lambda n=name: get(kmock, "apps/v1/deployments", f"{n}-master"), what=name)
+        assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "ringseed-master"
+    for resource, name in IDENTITY:
+        await eventually(lambda r=resource, n=name: get(kmock, r, n), what=f"{resource} {name}")
+    made = [r for r in list(kmock) if r.method.value == "POST" and str(r.url.path).endswith("/serviceaccounts")]
+    assert len(made) == 1  # resources applied at once wait for one apply of the identity
+
+    await delete(kmock, MD_RES, "one")
+    await eventually(lambda: get(kmock, MD_RES, "one") is None, what="one gone")
+    assert all(get(kmock, resource, name) is not None for resource, name in IDENTITY)  # "two" still runs as it
+
+    await delete(kmock, MD_RES, "two")
+    await eventually(lambda: get(kmock, MD_RES, "two") is None, what="two gone")
+    for resource, name in IDENTITY:
+        await eventually(lambda r=resource, n=name: get(kmock, r, n) is None, what=f"{resource} {name} deleted")
+
+    await create(kmock, MD_RES, model_distribution("three"))  # the next resource makes it again
+    for resource, name in IDENTITY:
+        await eventually(lambda r=resource, n=name: get(kmock, r, n), what=f"{resource} {name} again")

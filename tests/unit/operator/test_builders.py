@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 
 from ringseed.api import validation
-from ringseed.operator import builders, config
+from ringseed.operator import builders, builders_common, config
 
 CFG = config.OperatorConfig(image="reg.example/ringseed:1.2", data_root="/data/ringseed")
 MD_BODY: dict[str, Any] = {
@@ -137,7 +137,7 @@ def test_tracker_master_deployment_is_exactly_as_specified() -> None:
                 "template": {
                     "metadata": {"labels": labels},
                     "spec": {
-                        "serviceAccountName": "llama-master",  # may use Leases, nothing else
+                        "serviceAccountName": "ringseed-master",  # the namespace's: Leases, nothing else
                         "automountServiceAccountToken": True,
                         "enableServiceLinks": False,
                         "securityContext": {"fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
@@ -322,8 +322,8 @@ def test_children_carry_owner_labels_and_a_hash_that_follows_the_spec() -> None:
         assert old["metadata"]["labels"]["ringseed.io/owner-kind"] == "ModelDistribution"
         assert re.fullmatch(r"[0-9a-f]{64}", old["metadata"]["annotations"][builders.SPEC_HASH_ANNOTATION])
     hashes = [[o["metadata"]["annotations"][builders.SPEC_HASH_ANNOTATION] for o in objs] for objs in (first, changed)]
-    # seeders reaches only the tracker's command line (after its ServiceAccount, Role, RoleBinding)
-    assert [a == b for a, b in zip(*hashes, strict=True)] == [True, True, True, False, True, True]
+    # seeders reaches only the tracker's command line
+    assert [a == b for a, b in zip(*hashes, strict=True)] == [False, True, True]
 
 
 def test_token_secret_holds_the_token_and_is_owned() -> None:
@@ -480,13 +480,21 @@ def test_built_command_lines_parse_with_the_real_commands(module: str) -> None:
 
 def test_tracker_masters_may_use_leases_and_nothing_else_and_one_replica_needs_none() -> None:
     kinds = by_kind(builders.md_children(body=MD_BODY, spec=md(), config=CFG))
-    assert kinds["Role"]["rules"] == [
+    assert set(kinds) == {"Deployment", "Service", "DaemonSet"}  # the identity is the namespace's, made once
+    assert builders_common.uses_master_identity(kinds["Deployment"])
+    identity = by_kind(builders_common.master_identity(namespace="ml"))
+    assert identity["Role"]["rules"] == [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "patch"]}
     ]
-    assert kinds["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "llama-master", "namespace": "ml"}]
-    assert kinds["ServiceAccount"]["metadata"]["name"] == "llama-master"
+    assert identity["RoleBinding"]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "ringseed-master", "namespace": "ml"}
+    ]
+    assert identity["RoleBinding"]["roleRef"]["name"] == identity["Role"]["metadata"]["name"] == "ringseed-master"
+    assert identity["ServiceAccount"]["metadata"]["name"] == "ringseed-master"
+    assert all("ownerReferences" not in obj["metadata"] for obj in identity.values())  # no one resource owns it
     single = by_kind(builders.md_children(body=MD_BODY, spec=md(), config=dataclasses.replace(CFG, tracker_replicas=1)))
     assert set(single) == {"Deployment", "Service", "DaemonSet"}
+    assert not builders_common.uses_master_identity(single["Deployment"])
     pod = single["Deployment"]["spec"]["template"]["spec"]
     assert single["Deployment"]["spec"]["replicas"] == 1 and pod["automountServiceAccountToken"] is False
     assert "--lease" not in pod["containers"][0]["command"]

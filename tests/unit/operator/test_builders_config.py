@@ -27,6 +27,7 @@ def test_every_variable_is_read() -> None:
             "RINGSEED_HEARTBEAT_SECONDS": "3",
             "RINGSEED_OFFLINE_AFTER_SECONDS": "30",
             "RINGSEED_STATUS_INTERVAL_SECONDS": "2.5",
+            "RINGSEED_APPLY_CONCURRENCY": "4",
             "RINGSEED_SERVICE_ACCOUNT": "ringseed-workloads",
             "RINGSEED_WATCH_NAMESPACES": "ml,research",
         }
@@ -42,6 +43,7 @@ def test_every_variable_is_read() -> None:
         heartbeat_seconds=3,
         offline_after_seconds=30,
         status_interval_seconds=2.5,
+        apply_concurrency=4,
         service_account="ringseed-workloads",
         watch_namespaces=("ml", "research"),
     )
@@ -59,6 +61,7 @@ def test_every_variable_is_read() -> None:
         ("RINGSEED_AGENT_MEMORY_BYTES", "lots"),
         ("RINGSEED_HEARTBEAT_SECONDS", "0"),
         ("RINGSEED_STATUS_INTERVAL_SECONDS", "-1"),
+        ("RINGSEED_APPLY_CONCURRENCY", "0"),
     ],
 )
 def test_malformed_values_name_the_variable(variable: str, value: str) -> None:

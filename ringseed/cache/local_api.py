@@ -6,7 +6,7 @@ never cross it: writers fill tmpfs buffers the agent allocated (``buffers/``) an
 chunk files straight from the tiers, so the socket carries only small JSON requests.
 
 Endpoints (bearer token; errors ``{"error", "reason"}``):
-- ``GET /v1/local/info`` -> ``{node, group, chunk_size, replicas, sink, data_sources: [name]}``
+- ``GET /v1/local/info`` -> ``{node, group, chunk_size, replicas, sink, data_sources: [name], list_ttl}``
 - ``POST /v1/local/writes`` ``{path}`` -> ``{write_id, chunk_size, buffers}`` (path checked,
   replicas placed; ``buffers`` is the buffer directory)
 - ``POST /v1/local/writes/{id}/buffer`` -> ``{name, path, size}``: a buffer to fill (waits while
@@ -125,6 +125,7 @@ class LocalApi:
                 "replicas": self.agent.replicas,
                 "sink": c.sink,
                 "data_sources": sorted(c.data_sources),
+                "list_ttl": c.list_ttl,
             }
         )
 

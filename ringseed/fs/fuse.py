@@ -16,7 +16,20 @@ Rules:
   this process): a file opened again with the same content (a checkpoint object's version, a
   dataset's revision) keeps the pages cached from before (``keep_cache``); other content drops
   them first. While handles of two contents of one path are open, the newer ones bypass the page
-  cache (``direct_io``): the kernel caches pages by path, and they could be either.
+  cache (``direct_io``): the kernel caches pages by path, and they could be either. A handle whose
+  content is not the one the kernel's size of the path came from (the size is kept for the
+  attribute timeout) bypasses it too, so it reads its own bytes, all of them.
+- The kernel keeps names and attributes for ``ATTR_TIMEOUT`` (1 s); under a dataset mount
+  (``--root data``) for the datasets' staleness period (the agent's ``list_ttl``, as long as
+  the SDK keeps a revision): a second epoch over many small files costs no LOOKUP or GETATTR.
+  A name missing from the revision is never cached (``negative_timeout=0``). Content follows
+  the revision current at each open (the rule above), never the kernel's older view.
+- A dataset mount is mounted read-only (``ro``: the kernel refuses writes and keeps no access
+  times to ask about), answers ``FLUSH`` with ``ENOSYS`` once (the kernel stops sending it: a
+  close costs no round trip) and ``ioctl`` (``open()``'s isatty check) in libfuse, not Python.
+  What stays per open is ``OPEN`` (where the revision is checked) and an asynchronous
+  ``RELEASE``; through libfuse 2 no open can skip the server (no ``FOPEN_NOFLUSH`` or no-open
+  support there).
 - Directories are implicit in the cache; an empty one made through the mount (``mkdir``) is
   remembered by this mount until something is written below it.
 - Errors keep the errno the SDK raised (``ENOENT``, ``EACCES`` for a path that leaves the tree,
@@ -60,6 +73,8 @@ class CacheOperations(Operations):  # type: ignore[misc]
         self.handles: dict[int, files.ReadFile | files.WriteFile | data.DataFile] = {}
         self.local_dirs: set[str] = set()
         self.cached: OrderedDict[str, str] = OrderedDict()  # path -> identity of the bytes the kernel may hold
+        self.told: OrderedDict[str, str] = OrderedDict()  # path -> identity the kernel's size of it came from
+        self.read_only = objects.is_data(root)  # a dataset mount: no file is ever written through it
         self.uid, self.gid = os.getuid(), os.getgid()
         self.started = time.time()
         self._next = 1
@@ -99,11 +114,29 @@ class CacheOperations(Operations):  # type: ignore[misc]
             return self._file_stat(handle.tell(), time.time(), writable=True)
         if rel == self.root or rel in self.local_dirs:
             return self._dir_stat()
-        info = self.fs.info(rel)
+        info, identity = self._info(rel)
         if info["type"] == "directory":
             self.local_dirs.discard(rel)
             return self._dir_stat()
+        with self._lock:
+            self.told[rel] = identity
+            self.told.move_to_end(rel)
+            while len(self.told) > CACHED_PATHS:  # forgotten: its next open bypasses the page cache
+                self.told.popitem(last=False)
         return self._file_stat(info["size"], info.get("mtime", self.started), writable=not objects.is_data(rel))
+
+    def _info(self, rel: str) -> tuple[dict[str, Any], str]:
+        """``(info, identity of the bytes it describes)``: a dataset file's revision, an object's version."""
+        found = self.fs._data(rel)
+        if found is None:
+            info = self.fs.info(rel)
+            return info, f"version {info.get('version', '')}"
+        view, inner = found
+        while True:  # the size and the revision id read together (the view may move on in between)
+            _, rev_id = view.current()
+            info = view.info(inner)
+            if view.id == rev_id:
+                return info, f"revision {rev_id}"
 
     def _file_stat(self, size: int, mtime: float, *, writable: bool) -> dict[str, Any]:
         mode = stat.S_IFREG | (0o644 if writable else 0o444)
@@ -139,7 +172,12 @@ class CacheOperations(Operations):  # type: ignore[misc]
         self.fs.rm_file(self._rel(path))
 
     def rename(self, old: str, new: str) -> None:
-        self.fs.mv(self._rel(old), self._rel(new))
+        src, dst = self._rel(old), self._rel(new)
+        self.fs.mv(src, dst)
+        with self._lock:  # the kernel moves the name with its attributes
+            self.told.pop(dst, None)
+            if src in self.told:
+                self.told[dst] = self.told.pop(src)
 
     def chmod(self, path: str, mode: int) -> None:
         return None  # modes are not kept (objects are files of the group's tree)
@@ -184,8 +222,10 @@ class CacheOperations(Operations):  # type: ignore[misc]
                 for other, h in self.handles.items()
                 if other != fh and isinstance(h, reading.ChunkedReader) and h.path == handle.path
             }
-            if others - {handle.identity}:
-                self.cached.pop(handle.path, None)  # the kernel's pages of this path may be either version
+            if others - {handle.identity} or self.told.get(handle.path) != handle.identity:
+                # the kernel's pages of this path may be either version, or the size it holds (kept
+                # for the attribute timeout) another version's: read this handle past both
+                self.cached.pop(handle.path, None)
                 return False, True
             keep = self.cached.get(handle.path) == handle.identity
             self.cached[handle.path] = handle.identity
@@ -217,18 +257,31 @@ class CacheOperations(Operations):  # type: ignore[misc]
         raise FuseOSError(errno.EPERM)
 
     def flush(self, path: str, fh: int) -> None:
+        if self.read_only:
+            raise FuseOSError(errno.ENOSYS)  # the kernel stops sending FLUSH: a close costs no round trip
         handle = self.handles.get(fh)
         if isinstance(handle, files.WriteFile) and not handle.closed:
             handle.close()  # the acknowledgement: close(2) returns after it (or with its error)
+            self._written(handle)
 
     def release(self, path: str, fh: int) -> None:
         with self._lock:  # page_cache looks through the handles under this lock
             handle = self.handles.pop(fh, None)
         if handle is not None and not handle.closed:
             handle.close()
+            if isinstance(handle, files.WriteFile):
+                self._written(handle)
+
+    def _written(self, handle: files.WriteFile) -> None:
+        """The kernel's size of a file written through the mount is the new version's (it saw the writes)."""
+        if handle.result is not None and "version" in handle.result:
+            with self._lock:
+                self.told[handle.path] = f"version {handle.result['version']}"
 
     def fsync(self, path: str, datasync: int, fh: int) -> None:
         return None  # durability comes with close (flush)
+
+    ioctl = None  # libfuse answers ENOSYS itself (no call into Python): ``open()``'s isatty check costs less
 
 
 class _Fuse(FUSE):  # type: ignore[misc]
@@ -242,8 +295,28 @@ class _Fuse(FUSE):  # type: ignore[misc]
         return 0
 
 
-def mount(fs: spec.RingseedFileSystem, mountpoint: str, *, root: str = "", foreground: bool = True) -> None:
+def kernel_timeout(fs: spec.RingseedFileSystem, root: str) -> float:
+    """Seconds the kernel keeps names and attributes: a dataset's staleness period under ``data/``."""
+    if not objects.is_data(root):
+        return ATTR_TIMEOUT
+    try:
+        return max(ATTR_TIMEOUT, float(fs.client.call("GET", "/v1/local/info")["list_ttl"]))
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        log.warning("Dataset mount: the agent's staleness period is unknown (%s); names kept %.0f s", exc, ATTR_TIMEOUT)
+        return ATTR_TIMEOUT
+
+
+def mount(
+    fs: spec.RingseedFileSystem,
+    mountpoint: str,
+    *,
+    root: str = "",
+    foreground: bool = True,
+    attr_timeout: float | None = None,
+) -> None:
     """Mount ``fs`` (its directory ``root``) at ``mountpoint`` until unmounted (blocks in the foreground)."""
+    timeout = kernel_timeout(fs, root) if attr_timeout is None else attr_timeout
     _Fuse(CacheOperations(fs, root=root), mountpoint, foreground=foreground, nothreads=False, big_writes=True,
           max_read=1 << 20, max_write=1 << 20, default_permissions=True, allow_other=os.getuid() == 0,
-          atomic_o_trunc=True, attr_timeout=ATTR_TIMEOUT, entry_timeout=ATTR_TIMEOUT)  # fmt: skip
+          atomic_o_trunc=True, attr_timeout=timeout, entry_timeout=timeout, negative_timeout=0,
+          **({"ro": True} if objects.is_data(root) else {}))  # fmt: skip

@@ -11,12 +11,20 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ringseed import cmdline
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("mountpoint", help="an existing empty directory")
     parser.add_argument("--socket", default=None, help="the agent's Unix socket (else RINGSEED_CACHE_SOCKET)")
     parser.add_argument("--token-file", default=None, help="file holding the token (else RINGSEED_TOKEN)")
     parser.add_argument("--root", default="", help="mount this directory of the tree (e.g. data: the datasets)")
+    parser.add_argument(
+        "--attr-timeout",
+        type=cmdline.positive_seconds,
+        default=None,
+        help="seconds the kernel keeps names and sizes (default: 1; under data/, the datasets' staleness period)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,13 +33,11 @@ def run(args: argparse.Namespace) -> int:
     except (ImportError, OSError) as exc:  # fusepy missing, or libfuse not installed
         print(f"ringseed mount: FUSE is not available here: {exc}", file=sys.stderr)
         return 2
-    from ringseed import cmdline
-
     try:
         token = cmdline.read_token(args.token_file)
     except ValueError as exc:
         print(f"ringseed mount: {exc}", file=sys.stderr)
         return 2
     filesystem = spec.RingseedFileSystem(socket=args.socket, token=token)
-    fuse.mount(filesystem, args.mountpoint, root=args.root.strip("/"))
+    fuse.mount(filesystem, args.mountpoint, root=args.root.strip("/"), attr_timeout=args.attr_timeout)
     return 0

@@ -50,6 +50,7 @@ class CacheSwarm(swarm.LocalSwarm):
         heartbeat_interval: float = 0.25,
         offline_after: float = 3.0,
         data: dict[str, str] | None = None,
+        list_ttl: float | None = None,
     ) -> None:
         super().__init__(
             source="",
@@ -66,6 +67,7 @@ class CacheSwarm(swarm.LocalSwarm):
         self.persist_rate_limit = persist_rate_limit
         self.keep = keep
         self.data = dict(data or {})
+        self.list_ttl = list_ttl
         self.master_ports = [swarm.free_port() for _ in range(masters)]
         self.master_urls = [f"http://127.0.0.1:{p}" for p in self.master_ports]
         self.agent_ports = {name: swarm.free_port() for name in self.names}
@@ -112,6 +114,8 @@ class CacheSwarm(swarm.LocalSwarm):
             argv += ["--persist-rate-limit", str(self.persist_rate_limit)]
         for source, uri in self.data.items():
             argv += ["--data", f"{source}={uri}"]
+        if self.list_ttl is not None:
+            argv += ["--list-ttl", str(self.list_ttl)]
         self._spawn(name, argv, env, module=module)
 
     def env_for(self, name: str) -> dict[str, str]:

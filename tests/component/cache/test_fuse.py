@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import subprocess
@@ -51,14 +52,13 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cacheswarm.Cache
         local.close()
 
 
-@pytest.fixture(scope="module")
-def mounted(swarm: cacheswarm.CacheSwarm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("fuse")
+@contextlib.contextmanager
+def _mount(swarm: cacheswarm.CacheSwarm, root: Path, *args: str) -> Iterator[Path]:
     point = root / "mnt"
     point.mkdir()
     env = dict(os.environ, **swarm.env_for("node-0"))
     with open(root / "mount.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "ringseed.cli", "mount", str(point)], stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", "ringseed.cli", "mount", str(point), *args], stdout=log,
                                 stderr=subprocess.STDOUT, env=env)  # fmt: skip
     try:
         deadline = time.monotonic() + 20
@@ -71,6 +71,12 @@ def mounted(swarm: cacheswarm.CacheSwarm, tmp_path_factory: pytest.TempPathFacto
         subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def mounted(swarm: cacheswarm.CacheSwarm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with _mount(swarm, tmp_path_factory.mktemp("fuse")) as point:
+        yield point
 
 
 def leader_meta(swarm: cacheswarm.CacheSwarm, path: str) -> dict[str, object]:
@@ -174,6 +180,7 @@ def test_the_page_cache_is_kept_only_for_the_same_content_and_bypassed_while_two
     from ringseed.fs import fuse
 
     ops = fuse.CacheOperations(fs=None, root="")  # type: ignore[arg-type]
+    ops.told.update({"ck/a.pt": "v1", "ck/b.pt": "v7"})  # the identities the kernel's sizes came from
     v1 = ops._add(_Reader("ck/a.pt", "v1"))
     assert ops.page_cache(v1) == (False, False)  # first open: no pages to trust
     v1_again = ops._add(_Reader("ck/a.pt", "v1"))
@@ -184,6 +191,54 @@ def test_the_page_cache_is_kept_only_for_the_same_content_and_bypassed_while_two
     assert ops.page_cache(v2) == (False, True)  # v1 still open: the kernel's pages could be either
     ops.handles.pop(v1)
     ops.handles.pop(v1_again)
+    v2_alone = ops._add(_Reader("ck/a.pt", "v2"))
+    assert ops.page_cache(v2_alone) == (False, True)  # the kernel's size is still v1's: read past it
+    ops.handles.pop(v2_alone)
+    ops.told["ck/a.pt"] = "v2"  # the kernel asked for the attributes again
     v2_again = ops._add(_Reader("ck/a.pt", "v2"))
     assert ops.page_cache(v2_again) == (False, False)  # alone again: drop what is cached, cache anew
     assert ops.page_cache(ops._add(_Reader("ck/a.pt", "v2"))) == (True, False)
+
+
+def _replace(path: Path, data: bytes, mtime: float) -> None:
+    staged = path.with_suffix(".staged")
+    staged.write_bytes(data)
+    os.utime(staged, (mtime, mtime))
+    staged.rename(path)
+
+
+def test_a_dataset_mount_reads_a_changed_source_anew_and_never_a_mix(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    same, grown = source / "same.bin", source / "grown.bin"
+    old = {same: os.urandom(300_000), grown: os.urandom(200_000)}
+    new = {same: os.urandom(300_000), grown: os.urandom(700_000)}  # one keeps its size, one grows
+    for path, data in old.items():
+        _replace(path, data, time.time() - 100)
+    local = cacheswarm.CacheSwarm(nodes=1, workdir=tmp_path / "swarm", chunk_size=8 * MiB,
+                                  data={"toy": f"file://{source}"}, list_ttl=1.0)  # fmt: skip
+    try:
+        local.start()
+        local.wait_ready(timeout=60)
+        (tmp_path / "m").mkdir()
+        # the kernel keeps sizes far longer than the listing stays current: opens see the new
+        # revision while the kernel still holds the old size (and pages)
+        with _mount(local, tmp_path / "m", "--root", "data", "--attr-timeout", "600") as point:
+            assert os.statvfs(point).f_flag & os.ST_RDONLY  # a dataset mount is read-only
+            for _ in range(2):  # the second read from the kernel's pages
+                for path, data in old.items():
+                    assert (point / "toy" / path.name).read_bytes() == data
+            for path, data in new.items():
+                _replace(path, data, time.time())
+            deadline = time.monotonic() + 30
+            while True:
+                seen = {path: (point / "toy" / path.name).read_bytes() for path in new}
+                for path, data in seen.items():
+                    assert data in (old[path], new[path]), f"{path.name}: {len(data)} bytes, neither version"
+                if seen == new:
+                    break
+                assert time.monotonic() < deadline, "the changed source was not read"
+                time.sleep(0.1)
+            assert {path: (point / "toy" / path.name).read_bytes() for path in new} == new
+    finally:
+        local.close()

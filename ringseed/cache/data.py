@@ -9,7 +9,9 @@ bytes), else the source, read by one node of the cluster at a time (the master's
 Rules:
 - Staleness: the revision (the listing: each file's size and ETag/mtime, and the layout that
   packs the files into chunks in path order) is taken from the master when one was listed less
-  than ``list_ttl`` seconds ago, else this agent lists the source and publishes it. Every source
+  than ``list_ttl`` seconds ago, else this agent lists the source and publishes it, when the
+  master grants it the listing (one node lists a source at a time; the others wait for what it
+  publishes: a cluster starting together lists once, not once per node). Every source
   read is pinned to the revision's sizes and tags: a file changed under the cache raises
   :class:`DataError` ``changed`` (the reader reopens and gets the new revision), never a mix.
 - A peer that fails or sends bad bytes is skipped (the next holder, then the source): the reader
@@ -87,10 +89,37 @@ class Dataset:
         async with self._listing:
             if self.current is not None and time.monotonic() - self.current.checked < ttl:
                 return self.current
-            answer = await self._published()
-            if answer is None or time.time() - float(answer["listed_at"]) >= ttl:
-                answer = await self._list_and_publish()
-            return self._adopt(answer)
+            while True:
+                answer = await self._published()
+                if answer is not None and time.time() - float(answer["listed_at"]) < ttl:
+                    return self._adopt(answer)
+                wait = await self._may_list()
+                if wait is None:
+                    break
+                await asyncio.sleep(wait)  # another node is listing: take its revision when published
+            try:
+                return self._adopt(await self._list_and_publish())
+            except DataError:
+                await self._give_up_listing()
+                raise
+
+    async def _may_list(self) -> float | None:
+        """None when this node is to list the source (the master's claim); else seconds to wait."""
+        body = {"node": self.agent.config.node_name, "source": self.name}
+        try:
+            answer = await self.agent.master.call("POST", "/v1/data/listing", body)
+        except master_client.Refused as exc:
+            if exc.status == 404:  # a master without listing claims: list, as before
+                return None
+            raise DataError("unavailable", f"dataset {self.name!r}: {exc.reason}") from exc
+        except master_client.Unavailable:
+            return None  # publishing will say the master is gone
+        return None if answer.get("answer") == "list" else max(0.05, float(answer.get("wait") or 0.2))
+
+    async def _give_up_listing(self) -> None:
+        body = {"node": self.agent.config.node_name, "source": self.name, "release": True}
+        with contextlib.suppress(master_client.MasterError):
+            await self.agent.master.call("POST", "/v1/data/listing", body)
 
     async def _published(self) -> dict[str, Any] | None:
         try:

@@ -9,7 +9,12 @@ Endpoints (leader; bearer token; JSON):
 - ``GET /v1/data/revision?source=S`` -> ``{source, revision: Revision.to_dict(), id, listed_at}``
   or 404 ``not_found``. ``PUT /v1/data/revision`` ``{source, revision, listed_at}`` stores a
   listing an agent made (the newest ``listed_at`` wins) and answers like GET: one listing per
-  source per staleness period serves every node.
+  source per staleness period serves every node. Revision answers are gzip-compressed for a client
+  that accepts it (a listing of 10,000 files is about 1 MB of JSON, sent to every agent).
+- ``POST /v1/data/listing`` ``{node, source, release?}`` -> ``{answer: "list"|"wait"|"released",
+  wait: seconds}``: one agent at a time lists a source (a listing claim, held until its ``PUT``,
+  its release, its node going offline, or ``LISTING_CLAIM_S``); the others wait for the published
+  revision instead of listing the source too.
 - ``POST /v1/data/chunk`` ``{node, source, revision, chunk}`` -> ``{answer: "peers"|"fetch"|"wait",
   sha256: hash|null, holders: [[name, url]], wait: seconds}``
 - ``POST /v1/data/learned`` ``{node, source, revision, chunk, sha256}`` -> ``{ok}`` (409 when another
@@ -33,6 +38,8 @@ from ringseed.master import cachemeta
 from ringseed.protocol import cacheobjects, datasets, manifest, revision
 
 MAX_SOURCE = 63
+LISTING_CLAIM_S = 60.0  # a lister that neither publishes nor gives up in this long is taken for gone
+LISTING_WAIT_S = 0.2
 
 
 @dataclass
@@ -40,12 +47,14 @@ class DataState:
     flights: datasets.Flights = field(default_factory=datasets.Flights)
     revisions: dict[str, tuple[revision.Revision, float]] = field(default_factory=dict)
     counters: dict[str, dict[str, int]] = field(default_factory=dict)
+    listings: dict[str, tuple[str, float]] = field(default_factory=dict)  # source -> (lister, claim ends)
     term: int = 0  # the leadership this soft state belongs to
 
     def current(self, master: cachemeta.CacheMaster) -> DataState:
         """This state, emptied first when a new leadership began (soft state starts afresh)."""
         if self.term != master.term:
             self.flights, self.revisions, self.counters, self.term = datasets.Flights(), {}, {}, master.term
+            self.listings = {}
         return self
 
     def count(self, node: str, raw: Any) -> None:
@@ -94,6 +103,7 @@ def routes(app: aioweb.Application, master: cachemeta.CacheMaster, guard: Any) -
     api = _DataApi(master, state)
     app.router.add_get("/v1/data/revision", guard(api.get_revision))
     app.router.add_put("/v1/data/revision", guard(api.put_revision))
+    app.router.add_post("/v1/data/listing", guard(api.listing))
     app.router.add_post("/v1/data/chunk", guard(api.chunk))
     app.router.add_post("/v1/data/learned", guard(api.learned))
     app.router.add_post("/v1/data/release", guard(api.release))
@@ -123,9 +133,31 @@ class _DataApi:
             raise web.problem(409, "stale_revision", f"dataset {source!r} is not at revision {rev_id[:12]} (any more)")
         return found[0]
 
+    @staticmethod
+    def _compressed(answer: dict[str, Any]) -> aioweb.Response:
+        response = aioweb.json_response(answer)
+        response.enable_compression()  # gzip or deflate when the request accepts it, else as is
+        return response
+
     async def get_revision(self, request: aioweb.Request) -> aioweb.Response:
         self._leader()
-        return aioweb.json_response(self._answer(_source(request.query.get("source"))))
+        return self._compressed(self._answer(_source(request.query.get("source"))))
+
+    async def listing(self, request: aioweb.Request) -> aioweb.Response:
+        body = await web.read_json(request)
+        master = self._leader()
+        node = web.field_of(body, "node", str)
+        source = _source(body.get("source"))
+        held = self.state.listings.get(source)
+        if web.field_of(body, "release", bool, required=False):
+            if held is not None and held[0] == node:
+                del self.state.listings[source]
+            return aioweb.json_response({"answer": "released", "wait": 0})
+        now = time.monotonic()
+        if held is None or held[0] == node or held[1] <= now or held[0] not in master.nodes.nodes:
+            self.state.listings[source] = (node, now + LISTING_CLAIM_S)
+            return aioweb.json_response({"answer": "list", "wait": 0})
+        return aioweb.json_response({"answer": "wait", "wait": LISTING_WAIT_S})
 
     async def put_revision(self, request: aioweb.Request) -> aioweb.Response:
         body = await web.read_json(request)
@@ -139,7 +171,8 @@ class _DataApi:
         current = self.state.revisions.get(source)
         if current is None or listed_at > current[1]:
             self.state.revisions[source] = (rev, listed_at)
-        return aioweb.json_response(self._answer(source))
+        self.state.listings.pop(source, None)  # listed: the waiting agents take this one
+        return self._compressed(self._answer(source))
 
     def _chunk_args(self, body: dict[str, Any]) -> tuple[str, str, revision.Revision, int]:
         node = web.field_of(body, "node", str)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from ringseed.agent import origins
 from ringseed.cache import chunks
 from ringseed.master import cachedata
 from tests.component.cache.cluster import Cluster, MiB
@@ -65,6 +66,51 @@ async def test_every_node_reads_the_same_bytes_and_the_source_is_read_once(clust
     assert from_source(cluster) == total  # each chunk once from the source, whatever the node count
     peers = sum(n.agent.datasets.counters()["bytes_from_peers"] for n in cluster.nodes.values())
     assert peers == 2 * total
+
+
+async def test_nodes_that_start_together_list_the_source_once(
+    cluster: Cluster, source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = make_dataset(source, big=0, small=50)
+    await nodes_with(cluster, source)
+    listed: list[str] = []
+    waited: set[str] = set()
+    for name, node in cluster.nodes.items():
+        dataset = node.agent.datasets.get("train")
+
+        async def listing(real: Any = dataset.origin.listing, name: str = name) -> Any:
+            listed.append(name)  # the lister holds on until the others wait for its revision
+            await cluster.wait_until(lambda: len(waited) == 2, what="the other nodes waiting for the listing")
+            return await real()
+
+        async def may_list(real: Any = dataset._may_list, name: str = name) -> float | None:
+            wait: float | None = await real()
+            if wait is not None:
+                waited.add(name)
+            return wait
+
+        monkeypatch.setattr(dataset.origin, "listing", listing)
+        monkeypatch.setattr(dataset, "_may_list", may_list)
+    fs = [node.fs(cluster.token) for node in cluster.nodes.values()]
+    got = await asyncio.gather(*(asyncio.to_thread(read_all, f, files) for f in fs))
+    assert got == [files] * 3
+    assert len(listed) == 1  # one listing of the source served the three nodes
+
+
+async def test_a_lister_that_fails_lets_another_node_list(
+    cluster: Cluster, source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = make_dataset(source, big=0, small=5)
+    await nodes_with(cluster, source, count=2)
+
+    async def down() -> Any:
+        raise origins.OriginError("the source is down")
+
+    monkeypatch.setattr(cluster.nodes["n0"].agent.datasets.get("train").origin, "listing", down)
+    with pytest.raises(OSError, match="source is down"):
+        await asyncio.to_thread(read_all, cluster.nodes["n0"].fs(cluster.token), files)
+    assert cluster.leader().app[cachedata.DATA_KEY].listings == {}  # n0 gave its listing claim up
+    assert await asyncio.to_thread(read_all, cluster.nodes["n1"].fs(cluster.token), files) == files
 
 
 async def test_many_small_files_cost_one_request_per_chunk_not_per_file(cluster: Cluster, source: Path) -> None:

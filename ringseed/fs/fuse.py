@@ -44,7 +44,7 @@ import os
 import stat
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
 from fuse import FUSE, FuseOSError, Operations
@@ -73,6 +73,7 @@ class CacheOperations(Operations):  # type: ignore[misc]
         self.handles: dict[int, files.ReadFile | files.WriteFile | data.DataFile] = {}
         self.local_dirs: set[str] = set()
         self.cached: OrderedDict[str, str] = OrderedDict()  # path -> identity of the bytes the kernel may hold
+        self.reading: dict[str, Counter[str]] = {}  # path -> identities of its open readers (and how many)
         self.told: OrderedDict[str, str] = OrderedDict()  # path -> identity the kernel's size of it came from
         self.read_only = objects.is_data(root)  # a dataset mount: no file is ever written through it
         self.uid, self.gid = os.getuid(), os.getgid()
@@ -99,6 +100,8 @@ class CacheOperations(Operations):  # type: ignore[misc]
             fh = self._next
             self._next += 1
             self.handles[fh] = handle
+            if isinstance(handle, reading.ChunkedReader):
+                self.reading.setdefault(handle.path, Counter())[handle.identity] += 1
             return fh
 
     # -- metadata ------------------------------------------------------------------------------
@@ -217,12 +220,8 @@ class CacheOperations(Operations):  # type: ignore[misc]
         if not isinstance(handle, reading.ChunkedReader):
             return False, False
         with self._lock:
-            others = {
-                h.identity
-                for other, h in self.handles.items()
-                if other != fh and isinstance(h, reading.ChunkedReader) and h.path == handle.path
-            }
-            if others - {handle.identity} or self.told.get(handle.path) != handle.identity:
+            mixed = set(self.reading.get(handle.path, ())) - {handle.identity}
+            if mixed or self.told.get(handle.path) != handle.identity:
                 # the kernel's pages of this path may be either version, or the size it holds (kept
                 # for the attribute timeout) another version's: read this handle past both
                 self.cached.pop(handle.path, None)
@@ -265,8 +264,15 @@ class CacheOperations(Operations):  # type: ignore[misc]
             self._written(handle)
 
     def release(self, path: str, fh: int) -> None:
-        with self._lock:  # page_cache looks through the handles under this lock
+        with self._lock:  # page_cache looks at the open readers under this lock
             handle = self.handles.pop(fh, None)
+            if isinstance(handle, reading.ChunkedReader):
+                open_now = self.reading[handle.path]
+                open_now[handle.identity] -= 1
+                if open_now[handle.identity] <= 0:
+                    del open_now[handle.identity]
+                if not open_now:
+                    del self.reading[handle.path]
         if handle is not None and not handle.closed:
             handle.close()
             if isinstance(handle, files.WriteFile):

@@ -189,15 +189,16 @@ def test_the_page_cache_is_kept_only_for_the_same_content_and_bypassed_while_two
     assert ops.page_cache(other) == (False, False)  # another path is another file
     v2 = ops._add(_Reader("ck/a.pt", "v2"))
     assert ops.page_cache(v2) == (False, True)  # v1 still open: the kernel's pages could be either
-    ops.handles.pop(v1)
-    ops.handles.pop(v1_again)
+    ops.release("/ck/a.pt", v1)
+    ops.release("/ck/a.pt", v1_again)
     v2_alone = ops._add(_Reader("ck/a.pt", "v2"))
     assert ops.page_cache(v2_alone) == (False, True)  # the kernel's size is still v1's: read past it
-    ops.handles.pop(v2_alone)
+    ops.release("/ck/a.pt", v2_alone)
     ops.told["ck/a.pt"] = "v2"  # the kernel asked for the attributes again
     v2_again = ops._add(_Reader("ck/a.pt", "v2"))
     assert ops.page_cache(v2_again) == (False, False)  # alone again: drop what is cached, cache anew
     assert ops.page_cache(ops._add(_Reader("ck/a.pt", "v2"))) == (True, False)
+    assert ops.reading == {"ck/a.pt": {"v2": 3}, "ck/b.pt": {"v7": 1}}  # the open readers, by path
 
 
 def _replace(path: Path, data: bytes, mtime: float) -> None:

@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -36,6 +35,7 @@ from tests.conftest import REPO
 from tests.e2e import images
 from tests.e2e.cluster import deployed as deployed_module
 from tests.e2e.cluster import kubelet
+from tests.e2e.cluster.process import run_process
 
 REASON = netns.can_run() or images.cannot_build() or deployed_module.missing_tools()
 pytestmark = [
@@ -328,11 +328,9 @@ async def single_process_losses(env: deployed_module.Deployed) -> list[float]:
 
 async def run(*args: str) -> str:
     """Run a command to completion without blocking the event loop (the emulator serves from it)."""
-    process = await asyncio.create_subprocess_exec(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    async with asyncio.timeout(300):
-        out, err = await process.communicate()
-    assert process.returncode == 0, f"{args[:4]} exited {process.returncode}: {err.decode()[-2000:]}"
-    return out.decode()
+    done = await run_process(*args, within=300)
+    assert done.returncode == 0, f"{args[:4]} exited {done.returncode}: {done.err.decode()[-2000:]}"
+    return done.out.decode()
 
 
 def share_the_model(env: deployed_module.Deployed) -> dict[str, str]:

@@ -26,6 +26,7 @@ from kmock._internal import apps
 
 from tests.conftest import REPO
 from tests.e2e.cluster import apiserver, cluster, emulator, network
+from tests.e2e.cluster.process import run_process
 
 TOOLS = REPO / ".tools" / "bin"
 OPERATOR_NS = "ringseed-system"
@@ -53,19 +54,12 @@ class Deployed:
     async def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
         """Run kubectl against the emulator (asynchronously: the emulator serves from this event loop)."""
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        process = await asyncio.create_subprocess_exec(
-            str(TOOLS / "kubectl"),
-            *args,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+        done = await run_process(
+            str(TOOLS / "kubectl"), *args, env=env, within=60, stdin=stdin.encode() if stdin is not None else None
         )
-        async with asyncio.timeout(60):
-            out, err = await process.communicate(stdin.encode() if stdin is not None else None)
-        if check and process.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} exited {process.returncode}: {err.decode().strip()}")
-        return out.decode()
+        if check and done.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} exited {done.returncode}: {done.err.decode().strip()}")
+        return done.out.decode()
 
     async def apply(self, manifest: str) -> str:
         """``kubectl apply`` of YAML text, each built-in object first validated against Kubernetes' schema.

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.cluster import network, podspec
+from tests.e2e.cluster.process import ProcessTimeout, run_process
 from tests.e2e.images import PODMAN
 
 log = logging.getLogger("e2e.kubelet")
@@ -41,17 +42,14 @@ class PodmanError(RuntimeError):
 
 async def podman(*args: str, check: bool = True, within: float = 120.0, merge: bool = False) -> str:
     """podman's stdout (with its stderr after ``merge``: ``podman logs`` replays a container's stderr there)."""
-    stderr = subprocess.STDOUT if merge else subprocess.PIPE
-    process = await asyncio.create_subprocess_exec(*PODMAN, *args, stdout=subprocess.PIPE, stderr=stderr)
     try:
-        out, err = await asyncio.wait_for(process.communicate(), within)
-    except TimeoutError:
-        process.kill()
+        done = await run_process(*PODMAN, *args, within=within, merge_stderr=merge)
+    except ProcessTimeout:
         raise PodmanError(f"podman {' '.join(args[:3])}... timed out after {within}s") from None
-    if check and process.returncode != 0:
-        detail = (err or out).decode().strip()[-2000:]
-        raise PodmanError(f"podman {' '.join(args[:2])} exited {process.returncode}: {detail}")
-    return out.decode()
+    if check and done.returncode != 0:
+        detail = (done.err or done.out).decode().strip()[-2000:]
+        raise PodmanError(f"podman {' '.join(args[:2])} exited {done.returncode}: {detail}")
+    return done.out.decode()
 
 
 def now() -> str:

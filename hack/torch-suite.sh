@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # PyTorch's own distributed suite (torch/testing/_internal/distributed/distributed_test.py) against
 # ringseed and Gloo, world sizes 2, 3 and 8, CPU; with Gloo's test selection for both, so that every
-# test Gloo passes must pass with ringseed. Long (hours on 2 shared cores): not part of CI.
+# test Gloo passes must pass with ringseed. About 10 minutes for all three world sizes on the 2 shared
+# cores (2026-12-01, BENCHMARKS section 5; run it under nice -n 19 there): not part of CI.
 #   bash hack/torch-suite.sh [WORLD ...]        results in ${OUT:-/tmp/torchsuite}/
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -105,7 +105,7 @@ class Dataset:
 
     async def _may_list(self) -> float | None:
         """None when this node is to list the source (the master's claim); else seconds to wait."""
-        body = {"node": self.agent.config.node_name, "source": self.name}
+        body = {"node": self.agent.config.node_name, "source": self.name, "max_age": self.agent.config.list_ttl}
         try:
             answer = await self.agent.master.call("POST", "/v1/data/listing", body)
         except master_client.Refused as exc:
@@ -114,6 +114,8 @@ class Dataset:
             raise DataError("unavailable", f"dataset {self.name!r}: {exc.reason}") from exc
         except master_client.Unavailable:
             return None  # publishing will say the master is gone
+        if answer.get("answer") == "published":  # listed since this node asked for the revision
+            return 0.0
         return None if answer.get("answer") == "list" else max(0.05, float(answer.get("wait") or 0.2))
 
     async def _give_up_listing(self) -> None:

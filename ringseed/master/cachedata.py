@@ -11,10 +11,12 @@ Endpoints (leader; bearer token; JSON):
   listing an agent made (the newest ``listed_at`` wins) and answers like GET: one listing per
   source per staleness period serves every node. Revision answers are gzip-compressed for a client
   that accepts it (a listing of 10,000 files is about 1 MB of JSON, sent to every agent).
-- ``POST /v1/data/listing`` ``{node, source, release?}`` -> ``{answer: "list"|"wait"|"released",
-  wait: seconds}``: one agent at a time lists a source (a listing claim, held until its ``PUT``,
-  its release, its node going offline, or ``LISTING_CLAIM_S``); the others wait for the published
-  revision instead of listing the source too.
+- ``POST /v1/data/listing`` ``{node, source, max_age?, release?}`` -> ``{answer:
+  "list"|"wait"|"published"|"released", wait: seconds}``: one agent at a time lists a source (a
+  listing claim, held until its ``PUT``, its release, its node going offline, or
+  ``LISTING_CLAIM_S``); the others wait for the published revision instead of listing the source
+  too. ``published``: a revision listed less than ``max_age`` seconds ago is here now (published
+  since the agent asked for it): take it.
 - ``POST /v1/data/chunk`` ``{node, source, revision, chunk}`` -> ``{answer: "peers"|"fetch"|"wait",
   sha256: hash|null, holders: [[name, url]], wait: seconds}``
 - ``POST /v1/data/learned`` ``{node, source, revision, chunk, sha256}`` -> ``{ok}`` (409 when another
@@ -153,6 +155,10 @@ class _DataApi:
             if held is not None and held[0] == node:
                 del self.state.listings[source]
             return aioweb.json_response({"answer": "released", "wait": 0})
+        published = self.state.revisions.get(source)
+        max_age = web.field_of(body, "max_age", (int, float), required=False)
+        if published is not None and max_age is not None and time.time() - published[1] < float(max_age):
+            return aioweb.json_response({"answer": "published", "wait": 0})
         now = time.monotonic()
         if held is None or held[0] == node or held[1] <= now or held[0] not in master.nodes.nodes:
             self.state.listings[source] = (node, now + LISTING_CLAIM_S)

@@ -97,6 +97,29 @@ async def test_nodes_that_start_together_list_the_source_once(
     assert len(listed) == 1  # one listing of the source served the three nodes
 
 
+async def test_a_node_that_missed_a_listing_published_meanwhile_takes_it(
+    cluster: Cluster, source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = make_dataset(source, big=0, small=5)
+    await nodes_with(cluster, source, count=2)
+    assert await asyncio.to_thread(read_all, cluster.nodes["n0"].fs(cluster.token), files) == files  # n0 lists
+    late = cluster.nodes["n1"].agent.datasets.get("train")
+    real_published = late._published
+    asked: list[bool] = []
+
+    async def published() -> Any:
+        asked.append(True)  # the first answer predates n0's listing (a 404 then): n1 asks to list
+        return None if len(asked) == 1 else await real_published()
+
+    async def listing() -> Any:
+        raise AssertionError("n1 listed the source although n0's listing was current")
+
+    monkeypatch.setattr(late, "_published", published)
+    monkeypatch.setattr(late.origin, "listing", listing)
+    assert await asyncio.to_thread(read_all, cluster.nodes["n1"].fs(cluster.token), files) == files
+    assert len(asked) == 2
+
+
 async def test_a_lister_that_fails_lets_another_node_list(
     cluster: Cluster, source: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -80,6 +80,7 @@ class Plan:
     warmup: float
     measure: float
     rate: int = 1000
+    jitter: float = 0.5
     chunk: int = CHUNK
     total: int = TOTAL
     link: float = LINK
@@ -117,6 +118,10 @@ class Samples:
     reply_bytes: list[int] = field(default_factory=list)
     hash_bytes: list[int] = field(default_factory=list)
     avail_bytes: list[int] = field(default_factory=list)
+    send_lag: list[float] = field(default_factory=list)  # heartbeat sent - due: the generator's own delay
+    loop_lag: list[float] = field(default_factory=list)  # the generator's event loop: a 10 ms tick's overshoot
+    due_per_s: list[int] = field(default_factory=list)  # heartbeats due in each second of the window (offered load)
+    window_cpu: float = 0.0  # the generator's CPU seconds within the window
     rejected: int = 0  # chunks announced before the tracker knew their hash (announced again)
     errors: int = 0
     requests: int = 0
@@ -158,7 +163,7 @@ class Worker:
     def __init__(self, plan: Plan, *, host: str, port: int, token: str, lo: int, hi: int, start: float) -> None:
         self.plan, self.host, self.port, self.token = plan, host, port, token
         self.lo, self.hi, self.start = lo, hi, start
-        self.samples = Samples()
+        self.samples = Samples(due_per_s=[0] * math.ceil(plan.measure))
         self.window = (start + plan.warmup, start + plan.warmup + plan.measure)
         self.rng = random.Random(lo)
         tau = plan.chunk / plan.link
@@ -220,6 +225,7 @@ class Worker:
         """One heartbeat; returns the view version it carried and the chunks it rejected (and
         keeps the pace it named)."""
         body = json.dumps({"node": name_of(agent), "since": since, "epoch": self.epoch, "chunks": chunks, "load": 1})
+        sent = time.time()
         status, payload = await conn.request("POST", "/v1/heartbeat", body.encode())
         done = time.time()
         self.counted()
@@ -228,6 +234,8 @@ class Worker:
             return since, [i for i, _, _ in chunks]
         if self.in_window(due):
             self.samples.heartbeat.append(done - due)
+            self.samples.send_lag.append(sent - due)
+            self.samples.due_per_s[int(due - self.window[0])] += 1
             self.samples.reply_bytes.append(len(payload))
             self.samples.hash_bytes.append(part_bytes(payload, b'"hash_runs":'))
             self.samples.avail_bytes.append(part_bytes(payload, b'"avail":') + part_bytes(payload, b'"availability":'))
@@ -346,6 +354,17 @@ class Worker:
         if self.in_window(t0):
             self.samples.watch.append(time.time() - t0)
 
+    async def ticker(self, tick: float = 0.01) -> None:
+        """The generator's own event-loop lag over the window: how late a 10 ms sleep wakes (when
+        it is large, latencies include the generator's own delays, not only the tracker's)."""
+        await asyncio.sleep(max(0.0, self.window[0] - time.time()))
+        cpu0 = time.process_time()
+        while time.time() < self.window[1]:
+            t0 = time.perf_counter()
+            await asyncio.sleep(tick)
+            self.samples.loop_lag.append(time.perf_counter() - t0 - tick)
+        self.samples.window_cpu = time.process_time() - cpu0
+
     async def run(self) -> Samples:
         registered = asyncio.Event()
         agents = list(range(self.lo, self.hi))
@@ -356,6 +375,7 @@ class Worker:
             agents = agents[1:]
         tasks += [asyncio.create_task(self.run_agent(a, None)) for a in agents]
         tasks.append(asyncio.create_task(self.streamers()))
+        tasks.append(asyncio.create_task(self.ticker()))
         results = await asyncio.gather(*tasks, return_exceptions=True)
         self.samples.errors += sum(1 for r in results if isinstance(r, BaseException))
         failures = [r for r in results if isinstance(r, BaseException)][:3]
@@ -401,12 +421,86 @@ def worker_main(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
+# -- the tracker's own stalls (--stalls) -------------------------------------------------------
+
+
+def shim_main(out: str, argv: list[str]) -> int:
+    """Runs ``ringseed.cli`` with ``argv`` and records, to ``out`` at exit, the tracker's own
+    event-loop lag (how late a 10 ms timer inside its loop fires: every request waits that long
+    too) and its garbage-collector pauses, each as ``[wall time, seconds]`` above 1 ms."""
+    import atexit
+    import gc
+
+    from ringseed import cli
+
+    lags: list[tuple[float, float]] = []
+    pauses: list[tuple[float, int, float]] = []
+    ticks = [0]
+    started = [0.0]
+
+    async def ticker(tick: float = 0.01) -> None:
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(tick)
+            ticks[0] += 1
+            lag = time.perf_counter() - t0 - tick
+            if lag > 0.001:
+                lags.append((time.time(), lag))
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        elif time.perf_counter() - started[0] > 0.001:
+            pauses.append((time.time(), info["generation"], time.perf_counter() - started[0]))
+
+    class Policy(asyncio.DefaultEventLoopPolicy):
+        def new_event_loop(self) -> asyncio.AbstractEventLoop:
+            loop = super().new_event_loop()
+            loop.call_soon(lambda: loop.create_task(ticker()))
+            return loop
+
+    def dump() -> None:
+        Path(out).write_text(json.dumps({"lags": lags, "gc": pauses, "ticks": ticks[0]}))
+
+    gc.callbacks.append(on_gc)
+    asyncio.set_event_loop_policy(Policy())
+    atexit.register(dump)
+    return cli.main(argv)
+
+
+def stalls_in(path: Path, window: tuple[float, float]) -> dict[str, float]:
+    """The tracker's loop lag and GC pauses within the window (from :func:`shim_main`'s file)."""
+    data = json.loads(path.read_text())
+    lags = [lag for t, lag in data["lags"] if window[0] <= t < window[1]]
+    pauses = [p for t, _, p in data["gc"] if window[0] <= t < window[1]]
+    ordered = sorted(lags, reverse=True)
+    return {
+        "tracker_lag_over_10ms": sum(1 for lag in lags if lag > 0.01),
+        "tracker_lag_over_100ms": sum(1 for lag in lags if lag > 0.1),
+        "tracker_lag_max_ms": 1000 * (ordered[0] if ordered else 0.0),
+        "tracker_lag_total_s": sum(lags),
+        "tracker_gc_pauses_over_1ms": len(pauses),
+        "tracker_gc_max_ms": 1000 * max(pauses, default=0.0),
+        "tracker_gc_total_s": sum(pauses),
+    }
+
+
 # -- the driver -------------------------------------------------------------------------------
 
 
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def runqueue_wait(pid: int) -> float:
+    """Seconds the threads of ``pid`` have spent runnable but waiting for a core (``schedstat``):
+    how much the process was starved by others on its cores, not its own work."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
 
 
 def rss_mb(pid: int) -> float:
@@ -433,7 +527,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def run_one(
-    plan: Plan, *, workers: int, tracker_core: str, load_core: str, profile: str | None = None
+    plan: Plan, *, workers: int, tracker_core: str, load_core: str, profile: str | None = None, stalls: bool = False
 ) -> dict[str, Any]:
     token = secrets.token_hex(16)
     port = free_port()
@@ -441,12 +535,15 @@ def run_one(
     argv = ["taskset", "-c", tracker_core, sys.executable]
     if profile is not None:  # the tracker's own profile, written when it is interrupted
         argv += ["-m", "cProfile", "-o", f"{profile}.{plan.nodes}.{plan.mode}"]
-    argv += ["-m", "ringseed.cli", "master", "--role", "tracker"]
+    shim = Path(f"/tmp/bench-tracker-stalls-{port}.json")
+    argv += ["-m", "bench.tracker", "--shim", str(shim), "--"] if stalls else ["-m", "ringseed.cli"]
+    argv += ["master", "--role", "tracker"]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--heartbeat-interval", str(plan.interval)]
     argv += ["--offline-after", str(max(10.0, 5 * plan.interval))]
     argv += ["--heartbeat-replies", "full" if plan.mode == "full" else "delta"]
     argv += ["--heartbeat-rate", str(plan.rate if plan.mode == "paced" else 0)]
-    tracker = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    argv += ["--heartbeat-jitter", str(plan.jitter)]
+    tracker = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_healthy(port)
         load_before = os.getloadavg()
@@ -463,9 +560,12 @@ def run_one(
                 time.sleep(1.0)  # the duty node registers first
         window = (start + plan.warmup, start + plan.warmup + plan.measure)
         time.sleep(max(0.0, window[0] - time.time()))
-        cpu0 = cpu_seconds(tracker.pid)
+        cpu0, wait0 = cpu_seconds(tracker.pid), runqueue_wait(tracker.pid)
+        gen0 = sum(runqueue_wait(p.pid) for p in procs)
         time.sleep(max(0.0, window[1] - time.time()))
-        cpu1 = cpu_seconds(tracker.pid)
+        cpu1, wait1 = cpu_seconds(tracker.pid), runqueue_wait(tracker.pid)
+        starved = {"tracker": (wait1 - wait0) / plan.measure}
+        starved["generator"] = (sum(runqueue_wait(p.pid) for p in procs) - gen0) / plan.measure
         rss = rss_mb(tracker.pid)
         merged = Samples()
         generator_cpu = 0.0
@@ -477,6 +577,9 @@ def run_one(
             generator_cpu += data.pop("cpu_seconds")
             for key, value in data.items():
                 current = getattr(merged, key)
+                if key == "due_per_s":  # per second of the window: summed over workers
+                    value = [a + b for a, b in itertools.zip_longest(current, value, fillvalue=0)]
+                    current = []
                 setattr(merged, key, current + value)
             if err.strip():
                 print(err.decode()[-1000:], file=sys.stderr)
@@ -488,7 +591,13 @@ def run_one(
         if tracker.poll() is None:
             tracker.kill()
     total_time = (window[1] - start) + register_time
-    return summarise(plan, merged, cpu1 - cpu0, generator_cpu / total_time, rss, load_before, load_after)
+    row = summarise(plan, merged, cpu1 - cpu0, generator_cpu / total_time, rss, load_before, load_after)
+    if stalls and shim.exists():
+        row.update(stalls_in(shim, window))
+        shim.unlink()
+    row["tracker_runq_wait"] = starved["tracker"]
+    row["generator_runq_wait"] = starved["generator"]
+    return row
 
 
 def wait_healthy(port: int) -> None:
@@ -510,6 +619,7 @@ def summarise(
         "nodes": plan.nodes,
         "mode": plan.mode,
         "chunk_mib": plan.chunk // MiB,
+        "jitter": plan.jitter,
         "peer_queries": plan.peer_queries,
         "heartbeats_per_s": len(s.heartbeat) / plan.measure,
         "hb_p50_ms": 1000 * pct(s.heartbeat, 0.5),
@@ -522,6 +632,13 @@ def summarise(
         "tracker_cores": tracker_cpu / plan.measure,
         "tracker_us_per_request": 1e6 * tracker_cpu / max(1, s.measured),
         "generator_cores": generator_cores,
+        "generator_window_cores": s.window_cpu / plan.measure,
+        "gen_send_lag_p50_ms": 1000 * pct(s.send_lag, 0.5),
+        "gen_send_lag_p99_ms": 1000 * pct(s.send_lag, 0.99),
+        "gen_loop_lag_p99_ms": 1000 * pct(s.loop_lag, 0.99),
+        "gen_loop_lag_max_ms": 1000 * max(s.loop_lag, default=float("nan")),
+        "due_peak_per_s": max(s.due_per_s, default=0),
+        "due_min_per_s": min(s.due_per_s, default=0),
         "reply_bytes_mean": sum(s.reply_bytes) / n,
         "reply_bytes_p50": pct([float(b) for b in s.reply_bytes], 0.5),
         "reply_bytes_p99": pct([float(b) for b in s.reply_bytes], 0.99),
@@ -539,6 +656,7 @@ COLUMNS = [
     ("nodes", "N", "{:d}"),
     ("mode", "mode", "{}"),
     ("chunk_mib", "chunk MiB", "{:d}"),
+    ("jitter", "jitter", "{}"),
     ("heartbeats_per_s", "hb/s", "{:.0f}"),
     ("hb_p50_ms", "hb p50 ms", "{:.1f}"),
     ("hb_p99_ms", "hb p99 ms", "{:.1f}"),
@@ -546,7 +664,16 @@ COLUMNS = [
     ("peers_p99_ms", "peers p99 ms", "{:.1f}"),
     ("tracker_cores", "tracker cores", "{:.2f}"),
     ("tracker_us_per_request", "CPU us/request", "{:.0f}"),
-    ("generator_cores", "generator cores", "{:.2f}"),
+    ("tracker_runq_wait", "tracker runq wait", "{:.2f}"),
+    ("tracker_lag_max_ms", "tracker loop lag max ms", "{:.0f}"),
+    ("tracker_lag_over_100ms", "tracker stalls > 100 ms", "{:d}"),
+    ("tracker_gc_max_ms", "tracker GC max ms", "{:.0f}"),
+    ("generator_window_cores", "generator cores", "{:.2f}"),
+    ("generator_runq_wait", "generator runq wait", "{:.2f}"),
+    ("gen_send_lag_p99_ms", "gen send lag p99 ms", "{:.1f}"),
+    ("gen_loop_lag_p99_ms", "gen loop lag p99 ms", "{:.1f}"),
+    ("due_peak_per_s", "hb due peak/s", "{:d}"),
+    ("due_min_per_s", "hb due min/s", "{:d}"),
     ("reply_bytes_mean", "reply B mean", "{:.0f}"),
     ("reply_bytes_p50", "reply B p50", "{:.0f}"),
     ("reply_bytes_p99", "reply B p99", "{:.0f}"),
@@ -565,7 +692,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         cells = []
         for key, _, fmt in COLUMNS:
-            value = row[key]
+            value = row.get(key, float("nan"))
             cells.append(fmt.format(value) if not (isinstance(value, float) and math.isnan(value)) else "-")
         print("| " + " | ".join(cells) + " |")
 
@@ -580,6 +707,12 @@ def main() -> None:
         "(agents at the pace the tracker names, with early heartbeats)",
     )
     parser.add_argument("--rate", type=int, default=1000, help="paced: the tracker's --heartbeat-rate")
+    parser.add_argument(
+        "--jitter",
+        default="0.5",
+        help="paced: the tracker's --heartbeat-jitter, comma-separated for rows side by side (0: the "
+        "pace before session 5, agents keep the phases they started with)",
+    )
     parser.add_argument("--chunk-mib", type=int, default=CHUNK // MiB, help="chunk size of the 500 GB model (MiB)")
     parser.add_argument("--interval", type=float, default=2.0, help="heartbeat interval (the master's default)")
     parser.add_argument("--peer-queries", action="store_true", help="one GET /v1/peers per chunk an agent gets")
@@ -591,6 +724,12 @@ def main() -> None:
     parser.add_argument("--load-core", default="1")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--profile", help="write the tracker's cProfile stats to PROFILE.<nodes>.<mode>")
+    parser.add_argument(
+        "--stalls",
+        action="store_true",
+        help="record the tracker's own event-loop lag (a 10 ms timer in its loop) and GC pauses in the window",
+    )
+    parser.add_argument("--shim", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--plan", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -598,39 +737,47 @@ def main() -> None:
     parser.add_argument("--lo", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--hi", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--start", type=float, help=argparse.SUPPRESS)
+    if "--shim" in sys.argv[1:3]:  # the tracker itself, with its stalls recorded
+        at = sys.argv.index("--")
+        raise SystemExit(shim_main(sys.argv[2], sys.argv[at + 1 :]))
     args = parser.parse_args()
     if args.worker:
         worker_main(args)
         return
     rows = []
-    for nodes in [int(n) for n in args.nodes.split(",")]:
-        for mode in args.modes.split(","):
-            plan = Plan(
-                nodes=nodes,
-                mode=mode,
-                interval=args.interval,
-                peer_queries=args.peer_queries,
-                streams=args.streams,
-                warmup=args.warmup,
-                measure=args.measure,
-                rate=args.rate,
-                chunk=args.chunk_mib * MiB,
+    runs = [(n, m, j) for n in args.nodes.split(",") for m in args.modes.split(",") for j in args.jitter.split(",")]
+    for nodes_text, mode, jitter in runs:
+        nodes = int(nodes_text)
+        plan = Plan(
+            nodes=nodes,
+            mode=mode,
+            interval=args.interval,
+            peer_queries=args.peer_queries,
+            streams=args.streams,
+            warmup=args.warmup,
+            measure=args.measure,
+            rate=args.rate,
+            jitter=float(jitter),
+            chunk=args.chunk_mib * MiB,
+        )
+        print(
+            f"# N={nodes} mode={mode} jitter={jitter} peer_queries={args.peer_queries} ...", file=sys.stderr, flush=True
+        )
+        rows.append(
+            run_one(
+                plan,
+                workers=args.workers,
+                tracker_core=args.tracker_core,
+                load_core=args.load_core,
+                profile=args.profile,
+                stalls=args.stalls,
             )
-            print(f"# N={nodes} mode={mode} peer_queries={args.peer_queries} ...", file=sys.stderr, flush=True)
-            rows.append(
-                run_one(
-                    plan,
-                    workers=args.workers,
-                    tracker_core=args.tracker_core,
-                    load_core=args.load_core,
-                    profile=args.profile,
-                )
-            )
-            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        )
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
-    by = {(r["nodes"], r["mode"]): r for r in rows}
+    by = {(r["nodes"], r["mode"]): r for r in rows if r["jitter"] == float(args.jitter.split(",")[-1])}
     for nodes in sorted({r["nodes"] for r in rows}):
         full, delta = by.get((nodes, "full")), by.get((nodes, "delta"))
         if full and delta:

@@ -88,6 +88,17 @@ def port(text: str) -> int:
     return value
 
 
+def fraction(text: str) -> float:
+    """A number from 0 up to, not including, 1 (a spread around a nominal value)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0 and below 1")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     """A finite number of seconds above zero."""
     try:

@@ -52,6 +52,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="tracker: least seconds between a node's early heartbeats (news to tell) in a small swarm",
     )
     parser.add_argument(
+        "--heartbeat-jitter",
+        type=cmdline.fraction,
+        default=pacing.DEFAULT_JITTER,
+        help="tracker: a scaled pace (a swarm above --heartbeat-rate x --early-gap nodes) is told times a "
+        "factor drawn from [1 - jitter, 1 + jitter], so that agents that started together drift apart "
+        "instead of heartbeating in waves (0: none)",
+    )
+    parser.add_argument(
         "--front-seats",
         type=cmdline.non_negative_int,
         default=pacing.DEFAULT_FRONT_SEATS,
@@ -122,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
             heartbeat_rate=float(args.heartbeat_rate) or None,
             early_gap=args.early_gap,
             front_seats=args.front_seats,
+            heartbeat_jitter=args.heartbeat_jitter,
         )
     else:
         from ringseed.master import coordinator  # type: ignore[attr-defined,unused-ignore]

@@ -122,13 +122,15 @@ def create_app(
     heartbeat_rate: float | None = pacing.DEFAULT_RATE,
     early_gap: float = pacing.DEFAULT_GAP,
     front_seats: int = pacing.DEFAULT_FRONT_SEATS,
+    heartbeat_jitter: float = pacing.DEFAULT_JITTER,
 ) -> aioweb.Application:
     """The tracker-role application; ``replies``: how heartbeat replies tell availability
     (``FULL``: the behaviour before deltas, for comparison); ``lock``: this replica leads only
     while it holds it (:mod:`ringseed.master.replica`; None: a single replica), ``url`` is where
     it answers (named to followers' callers); ``heartbeat_rate``: heartbeats per second the
     swarm's pace aims at (None: every node keeps ``heartbeat_interval`` and ``early_gap``);
-    ``front_seats``: nodes at the front of the pipeline that keep ``early_gap``."""
+    ``front_seats``: nodes at the front of the pipeline that keep ``early_gap``;
+    ``heartbeat_jitter``: the spread of a scaled pace (:mod:`ringseed.protocol.pacing`)."""
     settings = _Settings(
         offline_after=offline_after,
         heartbeat_interval=heartbeat_interval,
@@ -137,6 +139,7 @@ def create_app(
         heartbeat_rate=heartbeat_rate,
         early_gap=early_gap,
         front_seats=front_seats,
+        heartbeat_jitter=heartbeat_jitter,
     )
     api = _Api(settings)
     timing = election.lease_timing(takeover_within=offline_after)
@@ -349,6 +352,7 @@ class _Settings:
     heartbeat_rate: float | None
     early_gap: float
     front_seats: int
+    heartbeat_jitter: float
 
 
 class _Api:
@@ -356,9 +360,9 @@ class _Api:
 
     def __init__(self, settings: _Settings) -> None:
         self.settings = settings
+        self.rng = random.Random()
         self.state = self._fresh()
         self.replica: replica.SoftReplica
-        self.rng = random.Random()
         self.waiting: dict[int, asyncio.Future[None]] = {}
         self.metrics = web.Metrics()
         m = self.metrics
@@ -385,6 +389,8 @@ class _Api:
                 gap=self.settings.early_gap,
                 rate=self.settings.heartbeat_rate,
                 front_seats=self.settings.front_seats,
+                jitter=self.settings.heartbeat_jitter,
+                rng=self.rng,
             ),
         )
 

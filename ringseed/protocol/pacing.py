@@ -19,6 +19,14 @@ Two sides:
   (:meth:`Budget.silence`): the purge rule follows the pace, with no window in which a slower
   pace already told makes live nodes look silent. A swarm small enough for the base pace keeps
   the configured silence exactly.
+  A scaled pace is *jittered* (``jitter``, the master's default :data:`DEFAULT_JITTER`): each
+  reply's interval and gap are the nominal ones times a factor drawn uniformly from ``[1 -
+  jitter, 1 + jitter]`` (never below the base pace), so the mean stays the nominal one (the
+  budget holds on average) while the phases of the agents drift apart: agents that registered
+  while the swarm was small learned short intervals and started together, and without jitter
+  they keep heartbeating in waves above the budget (BENCHMARKS section 9, session 5: at 5,000
+  agents 1,900 heartbeats due in one second and 117 in another); with a factor as wide as half
+  the interval either side, one heartbeat spreads a node's phase over a whole interval.
 - :class:`Pacer` (the agent): when the next heartbeat is due; the regular one ``interval``
   after the last, an early one (news waiting) no sooner than ``gap`` after the last. It takes
   the values from every reply that names them and keeps the last ones otherwise (a master of an
@@ -27,6 +35,7 @@ Two sides:
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 DEFAULT_RATE = 1000  # heartbeats/s a swarm is paced to: ~0.3 of a core of per-request cost (BENCHMARKS section 9)
@@ -34,6 +43,7 @@ DEFAULT_GAP = 0.05  # seconds between a node's early heartbeats in a small swarm
 DEFAULT_FRONT_SEATS = 8  # nodes at the front of the pipeline that keep the base gap (BENCHMARKS section 3)
 FRONT_HOLDERS = 4  # a chunk held by at most this many nodes is at the front
 FACTOR = 3.0  # offline after this many intervals in force
+DEFAULT_JITTER = 0.5  # a scaled pace is the nominal one times U(1 - jitter, 1 + jitter): phases spread in one beat
 MIN_GAP = 0.01  # seconds; the least gap an agent accepts from a reply (bounds a bad reply)
 MAX_INTERVAL = 300.0  # seconds; the largest interval an agent accepts from a reply
 
@@ -51,25 +61,46 @@ class Budget:
     """The tracker's side: the pace of a swarm and the silence it implies.
 
     ``rate``: heartbeats per second the tracker aims to serve (None: no scaling, every node is
-    told the base pace, the behaviour before pacing)."""
+    told the base pace, the behaviour before pacing); ``jitter``: the spread of a scaled pace
+    (0: none; it needs ``rng``, the source of the factors)."""
 
-    def __init__(self, *, interval: float, gap: float, rate: float | None = None, front_seats: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        interval: float,
+        gap: float,
+        rate: float | None = None,
+        front_seats: int = 0,
+        jitter: float = 0.0,
+        rng: random.Random | None = None,
+    ) -> None:
         if rate is not None and rate <= 0:
             raise ValueError("the heartbeat rate budget must be positive")
+        if not 0.0 <= jitter < 1.0:
+            raise ValueError(f"the pace jitter must be at least 0 and below 1, not {jitter}")
+        if jitter and rng is None:
+            raise ValueError("a jittered pace needs a random source (rng)")
         self.base = Pace(interval=interval, gap=min(gap, interval))
         self.rate = rate
+        self.jitter = jitter
+        self.rng = rng
         self.front_seats = max(0, front_seats)
         self.front: dict[str, None] = {}  # the nodes on front seats, least recent first
         self._told = self.base.interval  # the largest interval in force ...
         self._told_until = 0.0  # ... until then (a node told it is offline if silent by then)
 
     def pace(self, *, nodes: int, duty: bool = False, node: str | None = None) -> Pace:
-        """The pace of ``node`` in a swarm of ``nodes`` (``duty``: it holds origin duty)."""
+        """The pace of ``node`` in a swarm of ``nodes`` (``duty``: it holds origin duty); a
+        scaled one jittered (one draw per call: per reply)."""
         if self.rate is None:
             return self.base
         gap = max(self.base.gap, nodes / self.rate)
         interval = max(self.base.interval, gap)
-        return Pace(interval=interval, gap=self.base.gap if duty or node in self.front else gap)
+        if self.jitter and gap > self.base.gap:
+            assert self.rng is not None
+            factor = self.rng.uniform(1.0 - self.jitter, 1.0 + self.jitter)
+            gap, interval = max(self.base.gap, gap * factor), max(self.base.interval, interval * factor)
+        return Pace(interval=interval, gap=self.base.gap if duty or node in self.front else min(gap, interval))
 
     def rare_copy(self, node: str) -> None:
         """``node`` announced a chunk held by at most :data:`FRONT_HOLDERS` nodes: it takes a

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import random
 
 import pytest
 
@@ -150,3 +151,54 @@ def test_the_front_of_the_pipeline_keeps_the_base_gap_on_a_bounded_number_of_sea
     t.heartbeat(node="n3", now=0.7, dropped=[0])
     t.purge(now=30.0)  # everyone silent: gone, seats too
     assert budget.front == {}
+
+
+def test_a_scaled_pace_is_jittered_around_the_nominal_one() -> None:
+    budget = pacing.Budget(interval=2.0, gap=0.05, rate=1000.0, jitter=0.5, rng=random.Random(7))
+    assert {budget.pace(nodes=10) for _ in range(100)} == {pacing.Pace(interval=2.0, gap=0.05)}  # base: exact
+    paces = [budget.pace(nodes=10_000) for _ in range(2000)]  # nominal 10 s
+    assert all(5.0 <= p.gap == p.interval <= 15.0 for p in paces)
+    gaps = [p.gap for p in paces]
+    assert min(gaps) < 5.1 and max(gaps) > 14.9  # the whole spread, one interval wide ...
+    assert abs(sum(gaps) / len(gaps) - 10.0) < 0.2  # ... around the nominal pace: the budget holds on average
+    duty = budget.pace(nodes=10_000, duty=True)
+    assert duty.gap == 0.05 and 5.0 <= duty.interval <= 15.0  # duty keeps the base gap
+    near = [budget.pace(nodes=3_000) for _ in range(200)]  # nominal 3 s: never below the base pace
+    assert all(p.interval >= 2.0 and 1.5 <= p.gap <= 4.5 for p in near)
+    for jitter in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="jitter"):
+            pacing.Budget(interval=2.0, gap=0.05, rate=1000.0, jitter=jitter, rng=random.Random(1))
+    with pytest.raises(ValueError, match="random source"):
+        pacing.Budget(interval=2.0, gap=0.05, rate=1000.0, jitter=0.5)
+
+
+@pytest.mark.parametrize("jitter", [0.0, pacing.DEFAULT_JITTER])
+def test_jitter_spreads_agents_that_heartbeat_in_lockstep(jitter: float) -> None:
+    """1,000 agents that all heartbeat at t = 0 (they started together) and always have news, at
+    a budget of 100 heartbeats/s (10 s each): without jitter they keep heartbeating in one wave
+    every 10 s; jittered, the waves are gone after a few beats (no second has more than 1.5x the
+    budget) and the mean rate stays within the budget."""
+    rate, nodes = 100.0, 1000
+    budget = pacing.Budget(interval=1.0, gap=0.05, rate=rate, jitter=jitter, rng=random.Random(3))
+    t = tracker.Tracker(epoch="e", offline_after=5.0, budget=budget)
+    for i in range(nodes):
+        t.register(node=f"n{i}", url=f"http://n{i}", session="s", now=0.0)
+    pacers = {f"n{i}": pacing.Pacer(interval=1.0, gap=0.05) for i in range(nodes)}
+    due = [(0.0, name) for name in pacers]
+    per_second = [0] * 100
+    while due[0][0] < 100.0:
+        now, name = heapq.heappop(due)
+        pacer = pacers[name]
+        pacer.sent(now=now)
+        reply = t.heartbeat(node=name, now=now)
+        per_second[int(now)] += not reply.origin_duty  # (the duty node keeps the base gap: 20/s)
+        pace = reply.pace
+        assert pace is not None
+        pacer.follow(interval=pace.interval, gap=pace.gap)
+        heapq.heappush(due, (now + pacer.due(now=now, news=True), name))
+    steady = per_second[40:]
+    assert sum(steady) / len(steady) <= rate * 1.02
+    if jitter:
+        assert max(steady) <= 1.5 * rate
+    else:
+        assert max(steady) >= nodes - 2  # one wave a pace apart

@@ -162,6 +162,19 @@ def test_vouches_decay_too() -> None:
     assert t.judge(now=171.0).penalised == {"p"}  # the vouches are older than the window
 
 
+def test_a_vouch_seen_again_outlives_later_ones_that_were_not() -> None:
+    """Expiry walks each node's vouches oldest sight first and stops at the first live one: a
+    vouch refreshed after others moves behind them, the ones before it go, it stays."""
+    t = trust.Trust(window=640.0)
+    vouch_all(t, "p", ["v1", "v2", "v3"], now=0.0)
+    t.vouch(fetcher="v1", peer="p", now=100.0)  # v1 seen again: after v2 and v3
+    t.expire(now=645.0)  # v2 and v3 (seen at 0) are older than the window, v1 (100) is not
+    assert t.vouchers("p") == 1 and set(t._vouchers_of.of("p")) == {"v1"}
+    assert set(t._vouched_by.of("v1")) == {"p"} and t._vouched_by.of("v2") == {}
+    t.expire(now=745.0)
+    assert t.vouchers("p") == 0 and t._vouched_by.by_subject == {}
+
+
 def test_a_vouch_repeated_within_a_64th_of_the_window_is_not_recorded_again() -> None:
     t = trust.Trust(window=640.0)
     vouch_all(t, "p", ["v1", "v2", "v3"], now=0.0)

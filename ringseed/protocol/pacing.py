@@ -20,9 +20,9 @@ Two sides:
   pace already told makes live nodes look silent. A swarm small enough for the base pace keeps
   the configured silence exactly.
   A scaled pace is *jittered* (``jitter``, the master's default :data:`DEFAULT_JITTER`): each
-  reply's interval and gap are the nominal ones times a factor drawn uniformly from ``[1 -
-  jitter, 1 + jitter]`` (never below the base pace), so the mean stays the nominal one (the
-  budget holds on average) while the phases of the agents drift apart: agents that registered
+  reply's gap is ``nodes / rate`` times a factor drawn uniformly from ``[1 - jitter, 1 +
+  jitter]`` (and the interval follows it: never below the base pace), so the mean stays the
+  nominal one (the budget holds on average) while the phases of the agents drift apart: agents that registered
   while the swarm was small learned short intervals and started together, and without jitter
   they keep heartbeating in waves above the budget (BENCHMARKS section 9, session 5: at 5,000
   agents 1,900 heartbeats due in one second and 117 in another); with a factor as wide as half
@@ -94,13 +94,13 @@ class Budget:
         scaled one jittered (one draw per call: per reply)."""
         if self.rate is None:
             return self.base
-        gap = max(self.base.gap, nodes / self.rate)
-        interval = max(self.base.interval, gap)
+        gap = nodes / self.rate
         if self.jitter and gap > self.base.gap:
             assert self.rng is not None
-            factor = self.rng.uniform(1.0 - self.jitter, 1.0 + self.jitter)
-            gap, interval = max(self.base.gap, gap * factor), max(self.base.interval, interval * factor)
-        return Pace(interval=interval, gap=self.base.gap if duty or node in self.front else min(gap, interval))
+            gap *= self.rng.uniform(1.0 - self.jitter, 1.0 + self.jitter)
+        gap = max(self.base.gap, gap)
+        interval = max(self.base.interval, gap)
+        return Pace(interval=interval, gap=self.base.gap if duty or node in self.front else gap)
 
     def rare_copy(self, node: str) -> None:
         """``node`` announced a chunk held by at most :data:`FRONT_HOLDERS` nodes: it takes a

@@ -22,7 +22,8 @@ def test_agents_take_the_pace_of_a_tracker_with_a_small_budget_and_still_complet
         nodes=4,
         chunk_size=MiB,
         heartbeat_interval=0.25,
-        master_args=["--heartbeat-rate", "2", "--front-seats", "0"],  # (4 nodes: every copy is at the front)
+        # (4 nodes: every copy is at the front; no jitter: the exact pace is asserted)
+        master_args=["--heartbeat-rate", "2", "--front-seats", "0", "--heartbeat-jitter", "0"],
     )
     local.start()
     status = local.wait_for(local.all_verified, timeout=180, what="4 verified copies")

@@ -527,12 +527,20 @@ def pct(values: list[float], q: float) -> float:
 
 
 def run_one(
-    plan: Plan, *, workers: int, tracker_core: str, load_core: str, profile: str | None = None, stalls: bool = False
+    plan: Plan,
+    *,
+    workers: int,
+    tracker_core: str,
+    load_core: str,
+    profile: str | None = None,
+    stalls: bool = False,
+    nice: int = 0,
 ) -> dict[str, Any]:
     token = secrets.token_hex(16)
     port = free_port()
     env = dict(os.environ, RINGSEED_TOKEN=token, PYTHONPATH=str(ROOT))
-    argv = ["taskset", "-c", tracker_core, sys.executable]
+    niced = ["nice", "-n", str(nice)] if nice else []  # (below 0: ahead of the machine's other work)
+    argv = [*niced, "taskset", "-c", tracker_core, sys.executable]
     if profile is not None:  # the tracker's own profile, written when it is interrupted
         argv += ["-m", "cProfile", "-o", f"{profile}.{plan.nodes}.{plan.mode}"]
     shim = Path(f"/tmp/bench-tracker-stalls-{port}.json")
@@ -552,7 +560,7 @@ def run_one(
         procs = []
         bounds = [round(plan.nodes * k / workers) for k in range(workers + 1)]
         for lo, hi in itertools.pairwise(bounds):
-            cmd = ["taskset", "-c", load_core, sys.executable, "-m", "bench.tracker", "--worker"]
+            cmd = [*niced, "taskset", "-c", load_core, sys.executable, "-m", "bench.tracker", "--worker"]
             cmd += ["--plan", json.dumps(asdict(plan)), "--port", str(port), "--token", token]
             cmd += ["--lo", str(lo), "--hi", str(hi), "--start", repr(start)]
             procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
@@ -729,6 +737,13 @@ def main() -> None:
         action="store_true",
         help="record the tracker's own event-loop lag (a 10 ms timer in its loop) and GC pauses in the window",
     )
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="run the tracker and the generator at this niceness (e.g. -10, as root: on a shared machine, "
+        "the tracker's latencies are then its own, not the neighbours' CPU use; see 'runq wait')",
+    )
     parser.add_argument("--shim", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--plan", help=argparse.SUPPRESS)
@@ -771,6 +786,7 @@ def main() -> None:
                 load_core=args.load_core,
                 profile=args.profile,
                 stalls=args.stalls,
+                nice=args.nice,
             )
         )
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)

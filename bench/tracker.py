@@ -447,11 +447,14 @@ def shim_main(out: str, argv: list[str]) -> int:
             if lag > 0.001:
                 lags.append((time.time(), lag))
 
+    cpu = [0.0]
+
     def on_gc(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            started[0] = time.perf_counter()
+            started[0], cpu[0] = time.perf_counter(), time.thread_time()
         elif time.perf_counter() - started[0] > 0.001:
-            pauses.append((time.time(), info["generation"], time.perf_counter() - started[0]))
+            wall, spent = time.perf_counter() - started[0], time.thread_time() - cpu[0]
+            pauses.append((time.time(), info["generation"], wall, spent))
 
     class Policy(asyncio.DefaultEventLoopPolicy):
         def new_event_loop(self) -> asyncio.AbstractEventLoop:
@@ -460,7 +463,12 @@ def shim_main(out: str, argv: list[str]) -> int:
             return loop
 
     def dump() -> None:
-        Path(out).write_text(json.dumps({"lags": lags, "gc": pauses, "ticks": ticks[0]}))
+        import collections
+
+        tracked = collections.Counter(type(o).__name__ for o in gc.get_objects()).most_common(12)
+        sizes = [len(gc.get_objects(generation=g)) for g in range(3)]
+        data = {"lags": lags, "gc": pauses, "ticks": ticks[0], "tracked": tracked, "generations": sizes}
+        Path(out).write_text(json.dumps(data))
 
     gc.callbacks.append(on_gc)
     asyncio.set_event_loop_policy(Policy())
@@ -472,7 +480,8 @@ def stalls_in(path: Path, window: tuple[float, float]) -> dict[str, float]:
     """The tracker's loop lag and GC pauses within the window (from :func:`shim_main`'s file)."""
     data = json.loads(path.read_text())
     lags = [lag for t, lag in data["lags"] if window[0] <= t < window[1]]
-    pauses = [p for t, _, p in data["gc"] if window[0] <= t < window[1]]
+    pauses = [p for t, _, p, _ in data["gc"] if window[0] <= t < window[1]]
+    spent = [c for t, _, _, c in data["gc"] if window[0] <= t < window[1]]
     ordered = sorted(lags, reverse=True)
     return {
         "tracker_lag_over_10ms": sum(1 for lag in lags if lag > 0.01),
@@ -482,6 +491,7 @@ def stalls_in(path: Path, window: tuple[float, float]) -> dict[str, float]:
         "tracker_gc_pauses_over_1ms": len(pauses),
         "tracker_gc_max_ms": 1000 * max(pauses, default=0.0),
         "tracker_gc_total_s": sum(pauses),
+        "tracker_gc_cpu_max_ms": 1000 * max(spent, default=0.0),  # (wall minus this: waiting for a core)
     }
 
 
@@ -602,7 +612,7 @@ def run_one(
     row = summarise(plan, merged, cpu1 - cpu0, generator_cpu / total_time, rss, load_before, load_after)
     if stalls and shim.exists():
         row.update(stalls_in(shim, window))
-        shim.unlink()
+        shim.replace(Path(f"/tmp/bench-tracker-stalls-{plan.nodes}-{plan.jitter}.json"))  # (the raw record)
     row["tracker_runq_wait"] = starved["tracker"]
     row["generator_runq_wait"] = starved["generator"]
     return row
@@ -676,6 +686,7 @@ COLUMNS = [
     ("tracker_lag_max_ms", "tracker loop lag max ms", "{:.0f}"),
     ("tracker_lag_over_100ms", "tracker stalls > 100 ms", "{:d}"),
     ("tracker_gc_max_ms", "tracker GC max ms", "{:.0f}"),
+    ("tracker_gc_cpu_max_ms", "of which CPU ms", "{:.0f}"),
     ("generator_window_cores", "generator cores", "{:.2f}"),
     ("generator_runq_wait", "generator runq wait", "{:.2f}"),
     ("gen_send_lag_p99_ms", "gen send lag p99 ms", "{:.1f}"),

@@ -228,6 +228,10 @@ async def steps(env: deployed_module.Deployed, name: str, *, since: float, compl
         stamps = [r.timeline.get(event) for r in runtimes]
         return at(max(s for s in stamps if s is not None)) if stamps and None not in stamps else None
 
+    def first(runtimes: list[kubelet.PodRuntime], event: str) -> float | None:
+        stamps = [s for s in (r.timeline.get(event) for r in runtimes) if s is not None]
+        return at(min(stamps)) if stamps else None
+
     master = [env.cluster.runtime_of(p) for p in pods(env, f"{name}-master")]
     agents = [env.cluster.runtime_of(p) for p in pods(env, f"{name}-agent")]
     logged: dict[str, list[float]] = {"serving": [], "revision": [], "first_chunk": []}
@@ -247,7 +251,7 @@ async def steps(env: deployed_module.Deployed, name: str, *, since: float, compl
         "agent_daemonset": seen("daemonsets", f"{name}-agent"),
         "master_pod_started": last(master, "pod"),
         "master_podman_run": [last(master, "master:run"), last(master, "master:running")],
-        "master_ready": last(master, "ready"),
+        "master_ready": first(master, "ready"),  # the leader; a follower replica is never ready
         "agent_pods_started": last(agents, "pod"),
         "agent_init_container": [last(agents, "prepare-dirs:run"), last(agents, "prepare-dirs:exited")],
         "agent_podman_run": [last(agents, "agent:run"), last(agents, "agent:running")],

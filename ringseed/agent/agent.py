@@ -9,10 +9,12 @@ what is on disk, repair, publishing), :mod:`~ringseed.agent.store` (SSD tier),
 :mod:`~ringseed.agent.cache` (memory tier) and :mod:`~ringseed.agent.server` (peer server).
 
 Rules:
-- Nothing unverified is written, announced or served: a chunk enters ``held`` only after its
-  SHA-256 matched the known hash (from a manifest or the origin-duty agent), or, on origin
+- Nothing unverified is announced, served or counted as verified: a chunk enters ``held`` only
+  after its SHA-256 matched the known hash (from a manifest or the origin-duty agent), or, on origin
   duty, after this agent hashed what it pulled under the pinned revision (that hash is then
-  published).
+  published). Unverified bytes are written only into the staging region of a chunk this node
+  has not held under the revision (a peer's chunk received in place, :mod:`fetch`), never into
+  a published file; a failed hash leaves the chunk missing, and no journal line names it.
 - Every chunk belongs to one source revision (``revision``). The agent follows the tracker's:
   a heartbeat or registration naming another one makes it move (:mod:`revisions`), and work
   started under the previous one (a fetch, a pull, a write) is discarded when it ends
@@ -130,10 +132,12 @@ class Agent:
         self.origin_bytes = 0
         self.resumed_chunks = 0
         self.reused_chunks = 0
+        self.landed_chunks = 0  # chunks from peers received in place into staging (``fetch``)
         # writes
         self.store_drops: list[int] = []  # to journal
         self.uncommitted: list[tuple[int, str]] = []
         self.pending_writes: dict[int, asyncio.Task[None]] = {}
+        self.once_held: set[int] = set()  # held at some point under this revision (never received in place)
         self.write_failures = 0
         self.write_backoff: backoff.Backoff[str] = backoff.Backoff(base=1.0, cap=30.0)
         # publishing and checks at rest
@@ -485,6 +489,7 @@ class Agent:
             "origin_duty": self.origin_duty,
             "writes_paused": self.writes_paused,
             "reused_chunks": self.reused_chunks,
+            "landed_chunks": self.landed_chunks,
             "check": self.check.to_dict(),
         }
 

@@ -5,6 +5,11 @@ Rules:
   its disk write runs behind it, at most ``MAX_PENDING_WRITES`` (and the memory budget) at a
   time. Its journal line is queued only after the write finished; materialising waits for
   every pending write.
+- A chunk received in place (:func:`accept_landed`: its bytes are in staging already) is held
+  and its journal line queued at once, with nothing in the memory tier: it is served from
+  staging with ``sendfile``. Every chunk held under the current revision is remembered
+  (``agent.once_held``) and never received in place again under it: a journal line may name
+  it until its drop is committed.
 - Work that started under another revision than the current one (``generation``) is never
   held: its index means another chunk now.
 - A chunk the node stops holding after it was announced (its write failed, its bytes rotted,
@@ -85,6 +90,29 @@ async def accept(
     return True
 
 
+def accept_landed(
+    agent: Agent,
+    index: int,
+    landing: store.Landing,
+    *,
+    digest: str,
+    from_origin: bool,
+    generation: int,
+    source: str | None = None,
+) -> bool:
+    """Hold a verified chunk received in place (its bytes are in staging: announced at once,
+    journaled at the next commit after they are synced). Ends the claim either way; False if
+    already held or the revision changed since the work began."""
+    if landing.aborted or not _current(agent, index, generation):
+        landing.release()
+        return False
+    landing.release(landed=True)
+    agent.landed_chunks += 1
+    hold(agent, index, None, digest=digest, from_origin=from_origin, source=source)
+    journal(agent, index, digest)
+    return True
+
+
 def _current(agent: Agent, index: int, generation: int) -> bool:
     return generation == agent.generation and agent.layout is not None and index not in agent.held
 
@@ -102,6 +130,7 @@ def hold(
     other downloads of it stop."""
     if data is not None and index not in agent.memory.pinned:
         agent.memory.put(index, data)
+    agent.once_held.add(index)
     agent.perform(agent.core.held_chunk(index, digest, from_origin=from_origin, source=source))
     agent.news.set()
     agent.changed.set()

@@ -20,7 +20,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from ringseed.agent import chunks, fetch, seeder
+from ringseed.agent import chunks, fetch, seeder, store
 from ringseed.protocol import agentsteps
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ async def _run(agent: Agent, first: Step | agentsteps.Claim | agentsteps.Report)
         perform(agent, await seeder.claim(agent, first))
         return
     step: Step | None = first
-    data: memoryview | bytearray | None = None
+    data: Data = None
     job = first.job
     try:
         while step is not None:
@@ -124,25 +124,42 @@ async def _run(agent: Agent, first: Step | agentsteps.Claim | agentsteps.Report)
         log.exception("Job %d (%s) failed", job, type(first).__name__)
         perform(agent, agent.core.abort(job, now=time.monotonic()))
     finally:
+        if isinstance(data, store.Landing):
+            data.release()  # not held (a held one was released by chunks.accept_landed)
         if isinstance(first, agentsteps.Pull):
             seeder.pulled_out(agent, first.index)
 
 
-async def _step(
-    agent: Agent, step: Step, data: memoryview | bytearray | None
-) -> tuple[list[agentsteps.Action], memoryview | bytearray | None]:
+Data = memoryview | bytearray | store.Landing | None  # a job's chunk bytes between its steps
+
+
+async def _step(agent: Agent, step: Step, data: Data) -> tuple[list[agentsteps.Action], Data]:
     now = time.monotonic
     if isinstance(step, agentsteps.FindHolders):
         return await fetch.find_holders(agent, step), data
     if isinstance(step, agentsteps.FindSource):
         return await fetch.find_source(agent, step), data
     if isinstance(step, agentsteps.Fetch):
+        if isinstance(data, store.Landing):
+            data.release()  # an earlier fetch's bytes, not the chunk (a wrong hash): fetched again
+            data = None
         body, actions = await fetch.fetch(agent, step)
         return actions, body.data if body is not None else data
     if isinstance(step, agentsteps.AwaitHash):
         return await fetch.await_hash(agent, step), data
     if isinstance(step, agentsteps.Store):
         assert data is not None
+        if isinstance(data, store.Landing):
+            chunks.accept_landed(
+                agent,
+                step.index,
+                data,
+                digest=step.digest,
+                from_origin=step.from_origin,
+                generation=step.generation,
+                source=step.source,
+            )
+            return agent.core.stored(step.job, now=now()), None
         await chunks.accept(
             agent,
             step.index,

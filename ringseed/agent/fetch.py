@@ -16,8 +16,13 @@ events (:mod:`ringseed.agent.driver` runs the jobs). The numbers and why (``agen
   worth of CPU).
 - Requests name the revision (``?revision=``): a peer on another revision answers 409 and is not
   blamed; a chunk received after this node moved to another revision is discarded.
-- Bytes land in a pooled chunk buffer (``agent.chunk_buffer``) and are hashed as they arrive
-  (:mod:`ringseed.agent.peerclient`), so verifying costs no second pass over the chunk.
+- Bytes land where they will stay, hashed as they arrive (:mod:`ringseed.agent.peerclient`), so
+  verifying costs no second pass over the chunk: in the chunk's region of the staged file (a
+  claim, :meth:`ringseed.agent.store.Store.claim`: no write afterwards, no buffer) when staging
+  lets it be claimed, else in a pooled chunk buffer (``agent.chunk_buffer``) that is held in the
+  memory tier and written behind. Never claimed: a chunk held or once held under this revision
+  (a journal line may name it until its drop is committed), a candidate (its kept bytes are
+  still to be checked by hash), one being written, one spread over several files.
 - Cut-through: a stream from the origin puller (``?stream=1``, :mod:`ringseed.agent.stream`) has
   no total time limit (the origin sets the pace; 30 s without a byte ends it). Its hash is known
   only once the puller has the whole chunk: the agent waits for it (a watch of the chunk) until
@@ -30,12 +35,13 @@ events (:mod:`ringseed.agent.driver` runs the jobs). The numbers and why (``agen
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ringseed.agent import tracker_client
+from ringseed.agent import peerclient, store, tracker_client
 from ringseed.protocol import agentsteps, choice
 
 if TYPE_CHECKING:
@@ -47,9 +53,9 @@ READ_TIMEOUT_S = 30.0
 
 @dataclass(frozen=True)
 class Body:
-    """A chunk's bytes as received (a pooled buffer's view)."""
+    """A chunk's bytes as received: a pooled buffer's view, or a claimed region of staging."""
 
-    data: memoryview
+    data: memoryview | store.Landing
 
 
 def holders_of(peers: list[dict[str, Any]]) -> list[choice.Holder]:
@@ -83,11 +89,41 @@ async def fetch(agent: Agent, step: agentsteps.Fetch) -> tuple[Body | None, list
     query = {"revision": revision.id} if revision is not None else {}
     if step.stream:
         query["stream"] = "1"
-    buffer = agent.chunk_buffer(length)
     started = time.monotonic()
-    reply = await agent.peer_client.get(
-        holder.url, step.index, query=query, into=buffer, read_timeout=READ_TIMEOUT_S, deadline=deadline
-    )
+    landing = await _claim(agent, step.index)
+    if landing is not None and not landing.begin():
+        landing = None  # the store took it back (a revision change, closing) and released it
+    buffer: memoryview | None = None
+    try:
+        if landing is not None:
+            try:
+                reply = await agent.peer_client.fetch_mapped(
+                    holder.url,
+                    peerclient.chunk_path(step.index, query),
+                    fd=landing.fd,
+                    offset=landing.offset,
+                    length=length,
+                    read_timeout=READ_TIMEOUT_S,
+                    deadline=deadline,
+                    on_abort=landing.on_abort,
+                )
+            finally:
+                landing.end()
+        else:
+            buffer = agent.chunk_buffer(length)
+            reply = await agent.peer_client.get(
+                holder.url, step.index, query=query, into=buffer, read_timeout=READ_TIMEOUT_S, deadline=deadline
+            )
+    except BaseException:
+        if landing is not None:
+            landing.release()
+        raise
+    whole = reply.status == 200 and reply.complete and reply.received == length
+    received: memoryview | store.Landing | None = buffer
+    if landing is not None:
+        received = landing if whole else None
+        if not whole:
+            landing.release()  # what came is not the chunk: the region goes back unjournaled
     agent.fetched_bytes += reply.received
     body: Body | None = None
     result: agentsteps.FetchResult
@@ -97,9 +133,10 @@ async def fetch(agent: Agent, step: agentsteps.Fetch) -> tuple[Body | None, list
     elif reply.status != 200:
         result = agentsteps.Refused(reply.status)
     elif reply.too_long:
-        body, result = Body(buffer), agentsteps.Got(length=reply.received, digest=None)
-    elif reply.complete and reply.received == length:
-        body, result = Body(buffer), agentsteps.Got(length=length, digest=reply.digest)
+        body = Body(received) if received is not None else None
+        result = agentsteps.Got(length=reply.received, digest=None)
+    elif whole and received is not None:
+        body, result = Body(received), agentsteps.Got(length=length, digest=reply.digest)
         log.info("Chunk %d from %s in %.2f s", step.index, holder.name, time.monotonic() - started)
     else:
         log.info("Peer %s broke off chunk %d after %d bytes: %s", holder.name, step.index, reply.received, reply.error)
@@ -108,6 +145,28 @@ async def fetch(agent: Agent, step: agentsteps.Fetch) -> tuple[Body | None, list
     if any(isinstance(a, agentsteps.Report) for a in actions):
         log.warning("Peer %s served chunk %d with a wrong hash; reporting and avoiding it", holder.name, step.index)
     return body, actions
+
+
+async def _claim(agent: Agent, index: int) -> store.Landing | None:
+    """The chunk's region of staging, claimed and allocated, when it may be received in place."""
+    if index in agent.held or index in agent.candidates or index in agent.pending_writes:
+        return None
+    landing = agent.store.claim(index, unclaimable=agent.once_held)
+    if landing is None:
+        return None
+    preparing = asyncio.ensure_future(asyncio.to_thread(landing.prepare))
+    try:
+        ready = await asyncio.shield(preparing)
+    except asyncio.CancelledError:
+        preparing.add_done_callback(lambda _: landing.release())  # the thread still uses the file
+        raise
+    except BaseException:
+        landing.release()
+        raise
+    if not ready:
+        landing.release()
+        return None
+    return landing
 
 
 async def await_hash(agent: Agent, step: agentsteps.AwaitHash) -> list[agentsteps.Action]:

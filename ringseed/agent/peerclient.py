@@ -20,6 +20,10 @@ Rules:
   the peer closed meanwhile (no reply byte at all) is retried once on a new one.
 - Cancelling :meth:`PeerClient.get` shuts the socket down, so the worker thread returns at once;
   the buffer stays referenced by the thread until then (see ``buffers``: it is not reused early).
+- :meth:`PeerClient.fetch_mapped` receives into a region of a file through a mapping of it (the
+  staging file, the cache's chunk file): no copy after the receive. It returns, cancelled or not,
+  only once the worker thread is done with the mapping, and unmaps it; ``on_abort`` lets the
+  file's owner break the call off from any thread (the socket is shut down).
 - Calls run on ``threads`` worker threads of their own (the agent's download slots), not on the
   event loop's default executor, so downloads never wait behind disk writes or hashing.
 """
@@ -29,11 +33,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import mmap
 import socket
 import struct
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlencode, urlsplit
@@ -53,6 +58,11 @@ class Reply:
     digest: str | None = None  # SHA-256 hex of the body, when complete
     too_long: bool = False  # a 200 declared more bytes than the chunk has
     error: str = ""  # why it is incomplete (for the log)
+
+
+def chunk_path(index: int, query: Mapping[str, str] | None = None) -> str:
+    """The agent's chunk endpoint: ``/v1/chunks/{index}?{query}``."""
+    return f"/v1/chunks/{index}" + (f"?{urlencode(query)}" if query else "")
 
 
 class _Aborted(Exception):
@@ -111,22 +121,68 @@ class PeerClient:
         deadline: float | None = None,
     ) -> Reply:
         """``GET {url}/v1/chunks/{index}?{query}`` into ``into``; see the module rules."""
-        path = f"/v1/chunks/{index}" + (f"?{urlencode(query)}" if query else "")
-        return await self.fetch(url, path, into=into, read_timeout=read_timeout, deadline=deadline)
+        return await self.fetch(url, chunk_path(index, query), into=into, read_timeout=read_timeout, deadline=deadline)
 
     async def fetch(
         self, url: str, path: str, *, into: memoryview, read_timeout: float = 30.0, deadline: float | None = None
     ) -> Reply:
         """``GET {url}{path}`` into ``into`` (any chunk-serving endpoint: the cache's peer API too)."""
+        return await self._fetch(url, path, into=into, read_timeout=read_timeout, deadline=deadline)
+
+    async def fetch_mapped(
+        self,
+        url: str,
+        path: str,
+        *,
+        fd: int,
+        offset: int,
+        length: int,
+        read_timeout: float = 30.0,
+        deadline: float | None = None,
+        on_abort: Callable[[Callable[[], None]], None] | None = None,
+    ) -> Reply:
+        """``GET {url}{path}`` into ``length`` bytes of the file ``fd`` at ``offset`` (already sized
+        and allocated: a write through a mapping beyond the file's end or on a full disk is a
+        SIGBUS), through a mapping that is gone when this returns, cancelled or not."""
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        area = mmap.mmap(fd, offset + length - start, offset=start)
+        whole = memoryview(area)
+        view = whole[offset - start : offset - start + length]
+        try:
+            return await self._fetch(
+                url, path, into=view, read_timeout=read_timeout, deadline=deadline, settle=True, on_abort=on_abort
+            )
+        finally:
+            view.release()
+            whole.release()
+            with contextlib.suppress(BufferError):  # nothing else holds it; unmapped when the last view goes
+                area.close()
+
+    async def _fetch(
+        self,
+        url: str,
+        path: str,
+        *,
+        into: memoryview,
+        read_timeout: float,
+        deadline: float | None,
+        settle: bool = False,
+        on_abort: Callable[[Callable[[], None]], None] | None = None,
+    ) -> Reply:
         parts = urlsplit(url)
         if parts.hostname is None or parts.port is None:
             return Reply(status=0, error=f"peer URL {url!r} has no host:port")
         call = _Call()
+        if on_abort is not None:
+            on_abort(call.abort)
         job = (call, parts.hostname, parts.port, path, into, read_timeout, deadline)
+        future = asyncio.get_running_loop().run_in_executor(self._executor, self._get, *job)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, self._get, *job)
+            return await (asyncio.shield(future) if settle else future)
         except asyncio.CancelledError:
             call.abort()  # a call still queued never starts; a running one returns at once
+            if settle:
+                await _settled(future)
             raise
 
     def close(self) -> None:
@@ -193,6 +249,14 @@ class PeerClient:
                 idle.append(sock)
                 return
         sock.close()
+
+
+async def _settled(future: asyncio.Future[Reply]) -> None:
+    """Wait until ``future`` is done, even through cancellations (its thread was told to stop and
+    returns at once; the caller must not unmap the memory it writes into before that)."""
+    while not future.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([future])
 
 
 def _set_timeout(sock: socket.socket, read_timeout: float, deadline: float | None) -> None:

@@ -63,6 +63,7 @@ async def adopt(agent: Agent, target: revision.Revision, *, hashes: Sequence[Any
     agent.prior = opened.prior
     agent.prior_checked = set()
     agent.resumed_chunks = len(agent.held)
+    agent.once_held = set(agent.held)
     agent.memory.clear()
     agent.uncommitted.clear()
     agent.store_drops.clear()

@@ -31,6 +31,23 @@ Rules:
 - All methods block; the agent calls them through ``asyncio.to_thread``, from several threads at
   once: reads, writes and commits share the open files, while opening another revision and
   closing wait for them to finish and hold them off meanwhile (:class:`_Gate`).
+- Receiving in place (:meth:`Store.claim`, :class:`Landing`): a chunk from a peer may be received
+  straight into its region of the staged file (a mapping of it), hashed as it arrives, instead of
+  into a buffer that is written afterwards (not on tmpfs: there a mapped page is zeroed first and
+  a written one is not, so a buffer and a write cost less; BENCHMARKS section 4). Those bytes are
+  unverified until the caller compares the hash, so a region is claimed only for a chunk that no
+  journal line names (``unclaimable``: the caller passes every chunk it holds or ever held under
+  this revision; the store adds what its journal named at open) and that no other claim or write
+  is using; :meth:`Store.write_chunk` of a claimed chunk waits until the claim ends, so verified
+  bytes always land last. The region is allocated first (``fallocate``), so writes through the
+  map never meet a full disk (a mapped write there would be SIGBUS). A claim keeps the staged
+  files open and sized (it is a user of the gate); opening another revision or closing aborts
+  the claims first (:meth:`Landing.abort`: a receive is broken off) and waits for them to end. A
+  chunk counts as verified only through its journal line, written by :meth:`commit` after the
+  bytes were synced: a crash mid-receive leaves no line, so the chunk is missing after a
+  restart. Unverified bytes in a region are never served (only held chunks are) nor published
+  (a publish needs every chunk held, and a staged file linked into a published model is copied
+  before a claim writes to it, as for any write).
 """
 
 from __future__ import annotations
@@ -42,7 +59,7 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +74,9 @@ LOCK = "lock"
 FILES = "files"
 DETACH_TMP = "detach.tmp"
 FREE_MARGIN = 1 << 20  # free bytes the file system must keep beyond a write
+# File systems where receiving in place costs more than a buffer and a write (BENCHMARKS section 4):
+# a page of a mapping is zeroed and faulted in one 4 KiB page at a time, a written one is not zeroed.
+NO_IN_PLACE = frozenset({"tmpfs", "ramfs"})
 
 
 class DiskFull(OSError):
@@ -95,6 +115,27 @@ def read_journal(path: Path) -> dict[int, str]:
         else:
             out[index] = digest
     return out
+
+
+def fs_type(path: Path) -> str:
+    """The type of the file system ``path`` is on (``/proc/self/mountinfo``; "" when unknown)."""
+    target = os.path.realpath(path)
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        fields, sep, rest = line.partition(" - ")
+        parts = fields.split(" ")
+        if not sep or len(parts) < 5:
+            continue
+        mount = parts[4].replace("\\040", " ")
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, kind = mount, rest.split(" ", 1)[0]
+    return kind
 
 
 def fsync_dir(path: Path) -> None:
@@ -147,20 +188,132 @@ class _Gate:
                     if not self._users:
                         self._cond.notify_all()
 
+    def try_enter(self) -> bool:
+        """Become a user not tied to a thread (a claim), unless an owner holds or awaits the gate."""
+        with self._cond:
+            if self._owned:
+                return False
+            self._users += 1
+            return True
+
+    def leave(self) -> None:
+        with self._cond:
+            self._users -= 1
+            if not self._users:
+                self._cond.notify_all()
+
     @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def exclusive(self, before_wait: Callable[[], None] | None = None) -> Iterator[None]:
         with self._cond:
             while self._owned:
                 self._cond.wait()
             self._owned = True
-            while self._users:
-                self._cond.wait()
+        try:
+            if before_wait is not None:
+                before_wait()  # no new users from here on; tell the long ones to end
+            with self._cond:
+                while self._users:
+                    self._cond.wait()
+        except BaseException:
+            with self._cond:
+                self._owned = False
+                self._cond.notify_all()
+            raise
         try:
             yield
         finally:
             with self._cond:
                 self._owned = False
                 self._cond.notify_all()
+
+
+class Landing:
+    """A claim on chunk ``index``'s region of the staged file, to receive the chunk in place.
+
+    :meth:`prepare` (a worker thread) allocates the region; ``fd`` and ``offset`` then name it
+    (``length`` bytes), for :meth:`ringseed.agent.peerclient.PeerClient.fetch_mapped` between
+    :meth:`begin` and :meth:`end`. Nothing in it counts as verified: :meth:`release` ends the
+    claim once nothing writes into the region any more, with ``landed=True`` when the caller
+    verified the bytes (synced at the next commit). :meth:`abort` (the store's) ends an idle
+    claim at once and a busy one when its use ends; an aborted claim's chunk is not held.
+    """
+
+    def __init__(self, store: Store, index: int, piece: manifest.ChunkPiece) -> None:
+        self.index = index
+        self.length = piece.length
+        self.offset = piece.file_offset
+        self.fd = -1
+        self._store = store
+        self._piece = piece
+        self._aborts: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self._busy = False
+        self.aborted = False
+        self.released = False
+
+    def prepare(self) -> bool:
+        """Allocate the region (blocks); False when staging cannot take it now (no room, an error, aborted)."""
+        if not self.begin():
+            return False
+        store, piece = self._store, self._piece
+        try:
+            if store.room_for(piece.length) is not None:
+                return False
+            fd = store._writable(piece.path)
+            os.posix_fallocate(fd, piece.file_offset, piece.length)
+            store._allocated[piece.path] = os.fstat(fd).st_blocks * 512
+            self.fd = fd
+            return True
+        except OSError:
+            return False
+        finally:
+            self.end()
+
+    def begin(self) -> bool:
+        """Start using the region (preparing it, receiving into it); False if the store took it back."""
+        with self._lock:
+            if self.aborted or self.released:
+                return False
+            self._busy = True
+            return True
+
+    def on_abort(self, callback: Callable[[], None]) -> None:
+        """While in use: call ``callback`` (from any thread) if the store must take the region back
+        (revision change, close); the use must then end at once."""
+        with self._lock:
+            if not self.aborted:
+                self._aborts.append(callback)
+                return
+        callback()
+
+    def end(self) -> None:
+        """Nothing writes into the region any more; a claim aborted meanwhile ends now."""
+        with self._lock:
+            self._busy = False
+            self._aborts.clear()
+            aborted = self.aborted
+        if aborted:
+            self.release()
+
+    def abort(self) -> None:
+        """The store takes the region back: a use in progress is told to end (and the claim ends with
+        it), an idle claim ends now. The chunk is then not held from this claim."""
+        with self._lock:
+            self.aborted = True
+            callbacks, self._aborts = self._aborts, []
+            busy = self._busy
+        for callback in callbacks:
+            callback()
+        if not busy:
+            self.release()
+
+    def release(self, *, landed: bool = False) -> None:
+        """End the claim; ``landed``: the bytes in the region were verified (the caller journals them)."""
+        with self._lock:
+            if self.released:
+                return
+            self.released = True
+        self._store._unclaim(self, landed=landed)
 
 
 @dataclass(frozen=True)
@@ -207,6 +360,11 @@ class Store:
         self._journal: int | None = None
         self._lock_fd: int | None = None
         self._gate = _Gate()
+        self._journaled_at_open: set[int] = set()  # chunks the journal named when staging was opened
+        self._claims: dict[int, Landing] = {}
+        self._writing: dict[int, int] = {}  # chunk -> write_chunk calls running for it
+        self._regions = threading.Condition()  # guards _claims and _writing
+        self.in_place = False  # chunks may be received in place (set at open: not on NO_IN_PLACE)
 
     @property
     def layout(self) -> manifest.Layout | None:
@@ -242,8 +400,16 @@ class Store:
 
     def open(self, target: revision.Revision) -> Opened:
         """Prepare staging for ``target``; keeps what an earlier run of it (or another revision) left."""
-        with self._gate.exclusive():
-            return self._open(target)
+        with self._gate.exclusive(before_wait=self._abort_claims):
+            opened = self._open(target)
+            self._journaled_at_open = set(read_journal(self.root / JOURNAL))
+            return opened
+
+    def _abort_claims(self) -> None:
+        with self._regions:
+            claims = list(self._claims.values())
+        for landing in claims:
+            landing.abort()
 
     def _open(self, target: revision.Revision) -> Opened:
         self._close_files()
@@ -284,6 +450,7 @@ class Store:
 
     def _open_files(self, target: revision.Revision) -> None:
         self.files_dir.mkdir(parents=True, exist_ok=True)
+        self.in_place = fs_type(self.files_dir) not in NO_IN_PLACE
         for entry in target.layout.files:
             path = self.files_dir / entry.path
             if path.is_dir() and not path.is_symlink():
@@ -350,10 +517,50 @@ class Store:
     def write_chunk(self, index: int, data: bytes | bytearray | memoryview) -> None:
         """Write a verified chunk at its offsets (page cache; durable after :meth:`commit`).
 
-        :class:`DiskFull` when the budget or the file system has no room for it.
+        Waits while the chunk's region is claimed (:meth:`claim`). :class:`DiskFull` when the
+        budget or the file system has no room for it.
         """
-        with self._gate.shared():
-            self._write_chunk(index, memoryview(data))
+        with self._regions:
+            while index in self._claims:
+                self._regions.wait()
+            self._writing[index] = self._writing.get(index, 0) + 1
+        try:
+            with self._gate.shared():
+                self._write_chunk(index, memoryview(data))
+        finally:
+            with self._regions:
+                self._writing[index] -= 1
+                if not self._writing[index]:
+                    del self._writing[index]
+
+    def claim(self, index: int, *, unclaimable: Collection[int] = ()) -> Landing | None:
+        """Claim chunk ``index``'s region to receive it in place (see the module rules); None when it
+        cannot be: staging on tmpfs (``in_place``), a chunk in ``unclaimable`` or named by the journal
+        at open, already claimed or being written, spread over several files, or the store is
+        closing or moving. Does not block."""
+        if not self.in_place or self.layout is None or index in unclaimable or index in self._journaled_at_open:
+            return None
+        pieces = self.layout.pieces(index)
+        if len(pieces) != 1 or pieces[0].length == 0:
+            return None
+        with self._regions:
+            if index in self._claims or index in self._writing:
+                return None
+            if not self._gate.try_enter():
+                return None
+            landing = Landing(self, index, pieces[0])
+            self._claims[index] = landing
+        return landing
+
+    def _unclaim(self, landing: Landing, *, landed: bool) -> None:
+        if landed:
+            with self._lock:
+                self._dirty.add(landing._piece.path)
+        with self._regions:
+            if self._claims.get(landing.index) is landing:
+                del self._claims[landing.index]
+            self._regions.notify_all()
+        self._gate.leave()
 
     def _write_chunk(self, index: int, view: memoryview) -> None:
         pieces = self._pieces(index)
@@ -428,7 +635,7 @@ class Store:
     # -- closing ---------------------------------------------------------------------------
 
     def close_files(self) -> None:
-        with self._gate.exclusive():
+        with self._gate.exclusive(before_wait=self._abort_claims):
             self._close_files()
 
     def _close_files(self) -> None:

@@ -17,9 +17,7 @@ itself: every chunk that enters a node is hashed by :class:`ringseed.cache.chunk
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
-import mmap
 import os
 import random
 import time
@@ -181,23 +179,17 @@ async def fetch_into(client: peerclient.PeerClient, *, url: str, sha: str, lengt
                      limit_s: float = 120.0) -> str:  # fmt: skip
     """Receive chunk ``sha`` from the agent at ``url`` into the file ``fd``; returns the SHA-256 of what came.
 
-    The file is sized and mapped, and the body lands in the mapping with ``recv_into`` on the
-    client's worker thread (:class:`ringseed.agent.peerclient.PeerClient`), hashed piece by piece
-    as it arrives: no Python-level copy and no second pass over the chunk to verify it.
+    The file is sized and mapped, and the body lands in the mapping with ``recv_into``
+    on the client's worker thread (:meth:`ringseed.agent.peerclient.PeerClient.fetch_mapped`, the
+    agent's way of receiving into staging too), hashed piece by piece as it arrives: no
+    Python-level copy and no second pass over the chunk to verify it.
     """
     if length <= 0:
         return hashlib.sha256(b"").hexdigest()
     os.ftruncate(fd, length)
-    mapped = mmap.mmap(fd, length)
-    view = memoryview(mapped)
-    try:
-        reply = await client.fetch(
-            url.rstrip("/"), f"/v1/cache/chunks/{sha}", into=view, deadline=time.monotonic() + limit_s
-        )
-    finally:
-        view.release()
-        with contextlib.suppress(BufferError):  # a cancelled call's thread may hold it a moment longer
-            mapped.close()
+    reply = await client.fetch_mapped(
+        url.rstrip("/"), f"/v1/cache/chunks/{sha}", fd=fd, offset=0, length=length, deadline=time.monotonic() + limit_s
+    )
     if reply.status == 429:
         raise PeerBusy(f"{url} is busy (upload slots taken) for chunk {sha[:12]}")
     if reply.status != 200:

@@ -4,7 +4,10 @@ through a link, drops in the journal, the disk budget, the marker, fingerprints 
 from __future__ import annotations
 
 import errno
+import mmap
 import os
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -196,4 +199,111 @@ def test_a_revision_change_waits_for_reads_and_publishes_in_progress(tmp_path: P
     reader.join(30)
     mover.join(30)
     assert events == ["published True", "moved True"]
+    staging.close()
+
+
+def _land(landing: store.Landing, data: bytes) -> None:
+    """Write ``data`` into a claimed region through a mapping, as a receive in place does."""
+    start = landing.offset - landing.offset % mmap.ALLOCATIONGRANULARITY
+    with mmap.mmap(landing.fd, landing.offset + landing.length - start, offset=start) as area:
+        area[landing.offset - start : landing.offset - start + landing.length] = data
+
+
+def test_a_region_is_claimed_only_for_a_chunk_no_journal_line_names(tmp_path: Path) -> None:
+    rev = _rev({"a.bin": 3 * MiB + 10, "b.bin": MiB})  # chunk 3 spans a.bin's end and b.bin
+    data = {"a.bin": os.urandom(3 * MiB + 10), "b.bin": os.urandom(MiB)}
+    staging = store.Store(tmp_path / "cache")
+    staging.open(rev)
+    staging.write_chunk(0, data["a.bin"][:MiB])
+    staging.commit([(0, manifest.chunk_sha256(data["a.bin"][:MiB]))])
+    staging.close()
+    again = store.Store(tmp_path / "cache")
+    again.open(rev)
+    assert again.claim(0) is None  # the journal names it: a crash mid-receive would leave it "verified"
+    assert again.claim(1, unclaimable={1}) is None  # held once under this revision (the agent's set)
+    assert again.claim(3) is None  # spread over two files: received into a buffer
+    landing = again.claim(1)
+    assert landing is not None and again.claim(1) is None  # one claim per region
+    assert landing.prepare()
+    _land(landing, b"\xff" * MiB)  # what a lying peer sent
+    landing.release()
+    again.close()
+    restarted = store.Store(tmp_path / "cache")
+    assert set(restarted.open(rev).verified) == {0}  # the unverified bytes are not counted
+    restarted.close()
+
+
+def test_verified_bytes_land_after_a_claim_ends(tmp_path: Path) -> None:
+    rev = _rev({"a.bin": 2 * MiB})
+    good = os.urandom(MiB)
+    staging = store.Store(tmp_path / "cache")
+    staging.open(rev)
+    landing = staging.claim(1)
+    assert landing is not None and landing.prepare()
+    writer = threading.Thread(target=staging.write_chunk, args=(1, good))  # another job's verified copy
+    writer.start()
+    _land(landing, b"\x00" * MiB)  # the claim's receive goes on meanwhile
+    landing.release()
+    writer.join()
+    assert (tmp_path / "cache" / "files" / "a.bin").read_bytes()[MiB:] == good
+    again = staging.claim(1)  # a write no longer runs: claimable again (the agent's rules decide)
+    assert again is not None
+    again.release(landed=True)  # verified: synced with the next commit
+    staging.commit([(1, manifest.chunk_sha256(good))])
+    staging.close()
+    assert store.read_journal(tmp_path / "cache" / store.JOURNAL) == {1: manifest.chunk_sha256(good)}
+
+
+def test_moving_to_another_revision_breaks_off_claims_first(tmp_path: Path) -> None:
+    staging = store.Store(tmp_path / "cache")
+    staging.open(_rev({"a.bin": 2 * MiB}))
+    receiving = staging.claim(0)
+    assert receiving is not None and receiving.prepare() and receiving.begin()
+    idle = staging.claim(1)  # received, waiting for its hash: nothing writes into it
+    assert idle is not None and idle.prepare()
+    aborted = threading.Event()
+
+    def receive_ends() -> None:  # the receive's socket is shut down: its thread returns
+        aborted.set()
+        threading.Thread(target=receiving.end).start()
+
+    receiving.on_abort(receive_ends)
+    staging.open(_rev({"a.bin": MiB}, tag="u"))  # shrinks the file: no mapping of it may remain
+    assert aborted.is_set() and receiving.released and idle.released and idle.aborted
+    again = staging.claim(0)
+    assert again is not None
+    staging.close()  # an idle claim does not hold the store open
+    assert again.released
+
+
+def test_staging_on_tmpfs_receives_into_buffers(tmp_path: Path) -> None:
+    shm = Path("/dev/shm")
+    if store.fs_type(shm) != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm")
+    root = Path(tempfile.mkdtemp(prefix="ringseed-test-", dir=shm))
+    try:
+        staging = store.Store(root / "cache")
+        staging.open(_rev({"a.bin": MiB}))
+        assert not staging.in_place and staging.claim(0) is None
+        staging.close()
+    finally:
+        shutil.rmtree(root)
+    disk = store.Store(tmp_path / "cache")
+    disk.open(_rev({"a.bin": MiB}))
+    assert disk.in_place == (store.fs_type(tmp_path) not in store.NO_IN_PLACE)
+    disk.close()
+
+
+def test_a_claim_without_room_is_not_prepared(tmp_path: Path) -> None:
+    """No room (the budget here; ENOSPC from fallocate alike): the chunk goes the buffer's way, where a
+    full disk is a clear error, never a write through a mapping (SIGBUS)."""
+    staging = store.Store(tmp_path / "cache", budget=MiB // 2)
+    staging.open(_rev({"a.bin": MiB}))
+    landing = staging.claim(0)
+    if landing is None:
+        assert not staging.in_place
+    else:
+        assert not landing.prepare()
+        landing.release()
+    assert os.stat(tmp_path / "cache" / "files" / "a.bin").st_blocks == 0  # nothing allocated
     staging.close()

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ringseed.agent import store
 from ringseed.local import swarm
 from tests.component.distribution.conftest import MiB, assert_copies, make_model, odd_sizes, source_manifest
 
@@ -66,3 +67,5 @@ def test_a_lying_origin_duty_agent_is_caught_and_its_chunks_pulled_by_another(
     # Only what the liar had pulled (or was pulling) when it was caught left the origin twice.
     assert status["bytes_from_origin"] <= 2.1 * expected.layout.total_size
     assert_copies(local, expected, honest)
+    for name in honest:  # the flipped chunks (received in place where staging allows) never counted
+        assert store.read_journal(local.journal(name)) == dict(enumerate(expected.chunk_hashes)), name

@@ -10,8 +10,9 @@ threads) before and after each transfer, so process start-up is not counted.
 
 - limits: one thread each, CPU from ``time.thread_time``: SHA-256 (hashlib), memcpy, a plain TCP
   socket pair on loopback (``sendall`` of one preallocated buffer, ``os.sendfile`` from a file in
-  RAM, ``recv_into`` one preallocated buffer), and the ideal receiver (``recv_into`` a chunk
-  buffer, SHA-256 it, ``pwrite`` it into a file in RAM).
+  RAM, ``recv_into`` one preallocated buffer), the ideal receiver (``recv_into`` a chunk
+  buffer, SHA-256 it, ``pwrite`` it into a file in RAM) and the ideal receiver in place
+  (``fallocate`` the chunk's region of a file, map it, ``recv_into`` the mapping, SHA-256 it).
 - origin: one agent on origin duty pulls the model from a ``file://`` origin in RAM (reads,
   hashes, stores). Gate: the agent is up and idle before the master starts. Its memory tier
   holds the whole model, so it then serves it from memory to one receiver (``1 to 1, memory``).
@@ -45,6 +46,7 @@ import asyncio
 import filecmp
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import signal
@@ -200,7 +202,43 @@ def machine_limits(*, work: Path, chunk: int, total: int) -> dict[str, float]:
     out["ideal_receiver"] = ideal["recv"]
     file.unlink()
     (work / "ideal-staging.bin").unlink()
+    in_place = tcp_rates(send=_sendall(buf, total), receive=_recv_in_place(work / "ideal-in-place.bin", chunk, total))
+    out["in_place_receiver"] = in_place["recv"]
+    (work / "ideal-in-place.bin").unlink()
     return out
+
+
+def _recv_in_place(path: Path, chunk: int, total: int) -> Callable[[socket.socket], int]:
+    """The ideal receiver in place: each chunk's region of a sized file allocated (``fallocate``),
+    mapped, received into with ``recv_into`` and hashed: what an agent receiving into staging does."""
+
+    def job(sock: socket.socket) -> int:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, total)
+            done = 0
+            while done < total:
+                length = min(chunk, total - done)
+                os.posix_fallocate(fd, done, length)
+                area = mmap.mmap(fd, length, offset=done)
+                view = memoryview(area)
+                filled = 0
+                while filled < length:
+                    n = sock.recv_into(view[filled:])
+                    if n == 0:
+                        break
+                    filled += n
+                hashlib.sha256(view[:filled]).digest()
+                view.release()
+                area.close()
+                done += filled
+                if filled < length:
+                    break
+            return done
+        finally:
+            os.close(fd)
+
+    return job
 
 
 # -- processes ------------------------------------------------------------------------------------
@@ -561,8 +599,11 @@ def print_limits(limits: dict[str, float]) -> None:
         "tcp_recv": "TCP loopback receive (recv_into)",
         "tcp_wall": "TCP loopback, one connection (wall GB/s)",
         "ideal_receiver": "ideal receiver: recv_into + SHA-256 + pwrite",
+        "in_place_receiver": "ideal in place: fallocate+mmap+recv_into+SHA-256",
     }
     for key, label in names.items():
+        if key not in limits:
+            continue
         value = limits[key] / GB
         unit = "GB/s" if key == "tcp_wall" else "GB/CPU-s"
         print(f"  {label:<48} {value:>6.2f} {unit}   {1 / value:>5.2f} ns/B")
@@ -660,6 +701,8 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
         if role == "receiver" and limits is not None:
             ideal = GB / limits["ideal_receiver"]
             line += f", {low / ideal:.2f}-{high / ideal:.2f}x the ideal receiver ({ideal:.2f})"
+            if "in_place_receiver" in limits:
+                line += f", the ideal in place {GB / limits['in_place_receiver']:.2f}"
         ratios = []
         for r in ours:
             theirs = [t for t in moved if t["method"].startswith("libtorrent") and t["role"] == role

@@ -456,10 +456,19 @@ def shim_main(out: str, argv: list[str]) -> int:
             wall, spent = time.perf_counter() - started[0], time.thread_time() - cpu[0]
             pauses.append((time.time(), info["generation"], wall, spent))
 
+    freeze_every = float(os.environ.get("BENCH_GC_FREEZE_EVERY", "0"))
+
+    async def freezer() -> None:  # (an experiment: the tracker's survivors out of the collector's walks)
+        while True:
+            await asyncio.sleep(freeze_every)
+            gc.freeze()
+
     class Policy(asyncio.DefaultEventLoopPolicy):
         def new_event_loop(self) -> asyncio.AbstractEventLoop:
             loop = super().new_event_loop()
             loop.call_soon(lambda: loop.create_task(ticker()))
+            if freeze_every > 0:
+                loop.call_soon(lambda: loop.create_task(freezer()))
             return loop
 
     def dump() -> None:
@@ -545,10 +554,11 @@ def run_one(
     profile: str | None = None,
     stalls: bool = False,
     nice: int = 0,
+    gc_freeze_every: float = 0.0,
 ) -> dict[str, Any]:
     token = secrets.token_hex(16)
     port = free_port()
-    env = dict(os.environ, RINGSEED_TOKEN=token, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, RINGSEED_TOKEN=token, PYTHONPATH=str(ROOT), BENCH_GC_FREEZE_EVERY=str(gc_freeze_every))
     niced = ["nice", "-n", str(nice)] if nice else []  # (below 0: ahead of the machine's other work)
     argv = [*niced, "taskset", "-c", tracker_core, sys.executable]
     if profile is not None:  # the tracker's own profile, written when it is interrupted
@@ -613,6 +623,7 @@ def run_one(
     if stalls and shim.exists():
         row.update(stalls_in(shim, window))
         shim.replace(Path(f"/tmp/bench-tracker-stalls-{plan.nodes}-{plan.jitter}.json"))  # (the raw record)
+    row["gc_freeze_every"] = gc_freeze_every
     row["tracker_runq_wait"] = starved["tracker"]
     row["generator_runq_wait"] = starved["generator"]
     return row
@@ -755,6 +766,12 @@ def main() -> None:
         help="run the tracker and the generator at this niceness (e.g. -10, as root: on a shared machine, "
         "the tracker's latencies are then its own, not the neighbours' CPU use; see 'runq wait')",
     )
+    parser.add_argument(
+        "--gc-freeze-every",
+        type=float,
+        default=0.0,
+        help="with --stalls, an experiment: the tracker calls gc.freeze() every this many seconds (0: never)",
+    )
     parser.add_argument("--shim", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--plan", help=argparse.SUPPRESS)
@@ -798,6 +815,7 @@ def main() -> None:
                 profile=args.profile,
                 stalls=args.stalls,
                 nice=args.nice,
+                gc_freeze_every=args.gc_freeze_every,
             )
         )
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)

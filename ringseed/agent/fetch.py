@@ -154,7 +154,10 @@ async def _claim(agent: Agent, index: int) -> store.Landing | None:
     landing = agent.store.claim(index, unclaimable=agent.once_held)
     if landing is None:
         return None
-    preparing = asyncio.ensure_future(asyncio.to_thread(landing.prepare))
+    # On the download threads, not the default executor: a claim is a user of the staging gate, and
+    # a revision change waits for it to end while the default executor's threads may all be waiting
+    # on the gate (writes, reads, commits); a download thread never waits on it.
+    preparing = asyncio.ensure_future(agent.peer_client.run(landing.prepare))
     try:
         ready = await asyncio.shield(preparing)
     except asyncio.CancelledError:

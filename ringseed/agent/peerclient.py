@@ -185,6 +185,11 @@ class PeerClient:
                 await _settled(future)
             raise
 
+    async def run(self, job: Callable[[], bool]) -> bool:
+        """``job()`` on one of the download threads (work that belongs to a download, such as
+        allocating its region of staging: never behind the default executor's queue)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, {}

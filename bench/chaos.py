@@ -284,16 +284,18 @@ def run_round(chaos: Chaos, *, number: int, timeout: float) -> None:
     started = time.monotonic()
     status: dict[str, Any] | None = None
     found: list[str] = []
+    done = False
     while time.monotonic() - started < timeout:
         chaos.run_due()
         found += crashed(chaos)
         status = chaos.local.status()
-        if settled(chaos, status):
+        done = settled(chaos, status)
+        if done:
             break
         time.sleep(0.25)
     seconds = time.monotonic() - started
     found += check_verified_copies(chaos, status or {})
-    if not settled(chaos, status):
+    if not done:  # judged once: a second look (new agent answers) could see the next change begin
         nodes = (status or {}).get("nodes", {})
         missing = {n: nodes.get(n, {}).get("reason") for n in chaos.honest if not nodes.get(n, {}).get("verified")}
         digest = str((status or {}).get("manifest_digest"))[:16]

@@ -28,6 +28,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:$PATH
+# libfuse 2 (fusepy loads it) and fusermount (fuse3 provides it): a TrainingGroup's data-mount
+# sidecar runs `ringseed mount` from this image, and its preStop hook `fusermount -u`.
+RUN apt-get update -qq \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libfuse2 fuse3 >/dev/null \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/*
 
 # The virtual environment with ringseed's dependencies only, pinned (hack/image-requirements.txt,
 # written by hack/lock-image-deps.sh from the versions the tests ran with); this layer depends on

@@ -17,12 +17,13 @@ import importlib.metadata as metadata
 from packaging.requirements import Requirement
 
 
-def closure(root: str) -> dict[str, str]:
+def closure(root: str, extras: tuple[str, ...] = ()) -> dict[str, str]:
+    """``root``'s requirements with ``extras`` of its own (not of its dependencies), recursively."""
     pins: dict[str, str] = {}
 
-    def walk(requirement: str) -> None:
+    def walk(requirement: str, wanted: tuple[str, ...] = ()) -> None:
         parsed = Requirement(requirement)
-        if parsed.marker is not None and not parsed.marker.evaluate({"extra": ""}):
+        if parsed.marker is not None and not any(parsed.marker.evaluate({"extra": e}) for e in ("", *wanted)):
             return
         name = parsed.name.lower().replace("_", "-")
         if name not in pins:
@@ -32,7 +33,7 @@ def closure(root: str) -> dict[str, str]:
                 walk(sub)
 
     for requirement in metadata.distribution(root).requires or []:
-        walk(requirement)
+        walk(requirement, extras)
     return pins
 
 
@@ -43,7 +44,7 @@ def write(path: str, pins: dict[str, str], what: str) -> None:
     print(f"wrote {path} ({len(pins)} pins)")
 
 
-runtime = closure("ringseed")
+runtime = closure("ringseed", extras=("fuse",))  # fusepy: the data-mount sidecar runs `ringseed mount`
 write("hack/image-requirements.txt", runtime, "ringseed's runtime dependencies, pinned, for the image")
 torch = {k: v for k, v in closure("torch").items() if k not in runtime or runtime[k] == v}
 write("hack/image-torch-constraints.txt", torch, "torch's dependencies, pinned, for the image's training target")

@@ -240,8 +240,8 @@ def mount_sidecars(
 
     The mount is made in the sidecar on an emptyDir with Bidirectional propagation (which needs a
     privileged container: FUSE mounts are host mounts) and reaches the user's containers through
-    the same emptyDir with HostToContainer propagation (read-only). The image needs the ``fuse``
-    extra (fusepy) and libfuse2.
+    the same emptyDir with HostToContainer propagation (read-only). The project's image has what it
+    needs (fusepy, libfuse2, fusermount; tests/e2e/test_image.py checks).
     """
     if spec.data is None or not spec.data.mount_path:
         return []

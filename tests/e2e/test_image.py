@@ -78,3 +78,11 @@ def test_training_target_has_torch_and_the_ringseed_backend(built: images.Images
 def test_default_target_has_no_torch(built: images.Images) -> None:
     code = "import importlib.util; print(importlib.util.find_spec('torch') is None)"
     assert run(built.tag("runtime"), "-c", code, entrypoint="python").strip() == "True"
+
+
+def test_default_target_can_run_the_data_mount_sidecar(built: images.Images) -> None:
+    """The sidecar (builders_cache.mount_sidecars) runs ``ringseed mount`` (fusepy over libfuse 2) and
+    unmounts with ``fusermount -u`` on preStop: both must be in the image, not only on a dev machine."""
+    code = "import fuse, shutil; print(fuse.__name__, bool(shutil.which('fusermount')))"
+    assert run(built.tag("runtime"), "-c", code, entrypoint="python").split() == ["fuse", "True"]
+    assert "usage" in run(built.tag("runtime"), "mount", "--help").lower()

@@ -374,10 +374,12 @@ class RingseedProcessGroup(dist.ProcessGroup):
         return _joined(works, outputs, self._engine)
 
     def barrier(self, opts: Any = None) -> Work:
-        future = self._engine.all_reduce_async(
-            np.zeros(1, np.int32), op=ops.ReduceOp.SUM, tag=self._next_tag(), run_here=_waits_at_once(opts)
-        )
-        return self._work([future], None)
+        """A one-element all-reduce; a synchronous caller's runs on its thread with no future (like
+        ``allreduce``): a rank leaving a barrier is what its peers' next operation waits for."""
+        token, tag, now = np.zeros(1, np.int32), self._next_tag(), _waits_at_once(opts)
+        if now and self._engine.all_reduce_here(token, op=ops.ReduceOp.SUM, tag=tag):
+            return Work(result=None)
+        return self._work([self._engine.all_reduce_async(token, op=ops.ReduceOp.SUM, tag=tag, run_here=now)], None)
 
     # ----- data movement on the ring ---------------------------------------------------------
 

@@ -70,7 +70,22 @@ def check_collectives(rank: int, out_dir: Path) -> None:
     tensor_list = [torch.ones(3) * rank for _ in range(2)]
     fut = dist.all_reduce(tensor_list[0], async_op=True).get_future()
     assert fut.wait()[0].tolist() == [3.0, 3.0, 3.0]
+    check_barriers()
     dist.barrier()
+
+
+def check_barriers() -> None:
+    """A synchronous barrier runs on the caller's thread and is complete when it returns; an
+    asynchronous one, or one behind a queued operation, runs in order on the engine's thread."""
+    group = dist.distributed_c10d._get_default_group()
+    now = dist.BarrierOptions()
+    now.asyncOp = False
+    assert group.barrier(now).is_completed()
+    dist.barrier(async_op=True).wait()
+    pending = torch.ones(1 << 16)
+    work = dist.all_reduce(pending, async_op=True)
+    dist.barrier()  # queued behind the all-reduce, so it ends after it
+    assert work.is_completed() and pending.eq(WORLD).all().item()
 
 
 def check_cuda(rank: int, out_dir: Path) -> None:

@@ -75,17 +75,18 @@ def check_collectives(rank: int, out_dir: Path) -> None:
 
 
 def check_barriers() -> None:
-    """A synchronous barrier runs on the caller's thread and is complete when it returns; an
-    asynchronous one, or one behind a queued operation, runs in order on the engine's thread."""
-    group = dist.distributed_c10d._get_default_group()
-    now = dist.BarrierOptions()
-    now.asyncOp = False
-    assert group.barrier(now).is_completed()
+    """A synchronous barrier (on the caller's thread), an asynchronous one, and one behind a queued
+    operation, which runs in order after it; so does a synchronous all_reduce behind a queued one."""
+    dist.barrier()
     dist.barrier(async_op=True).wait()
     pending = torch.ones(1 << 16)
     work = dist.all_reduce(pending, async_op=True)
     dist.barrier()  # queued behind the all-reduce, so it ends after it
     assert work.is_completed() and pending.eq(WORLD).all().item()
+    work = dist.all_reduce(pending, async_op=True)
+    small = torch.ones(3, dtype=torch.int32)
+    dist.all_reduce(small)  # a synchronous all-reduce behind a queued one: in order too
+    assert work.is_completed() and pending.eq(WORLD * WORLD).all().item() and small.tolist() == [WORLD] * 3
 
 
 def check_cuda(rank: int, out_dir: Path) -> None:
@@ -198,3 +199,23 @@ def test_torch_reducer_path_matches_numpy(op: engine.ReduceOp) -> None:
             }[op]
             tol = 1e-5 if dtype == torch.float32 else 3e-2
             torch.testing.assert_close(ts[0].double(), ref, rtol=tol, atol=tol)
+
+
+def test_plain_cpu_tensors_are_used_in_place_and_others_take_the_general_path() -> None:
+    """The synchronous all_reduce's short path takes a contiguous dense CPU tensor of a numpy dtype
+    as a view of its own memory; everything else (bfloat16, complex, strided, sparse) is None."""
+    from ringseed.collective import torch_backend
+
+    grad = torch.arange(6.0, requires_grad=True).reshape(2, 3)
+    for tensor in (torch.zeros(5), torch.zeros((2, 3), dtype=torch.int64), torch.zeros(()), grad, torch.zeros(0)):
+        view = torch_backend._plain_cpu(tensor)
+        assert view is not None and view.ndim == 1 and view.flags.c_contiguous and view.flags.writeable
+        assert view.size == tensor.numel() and (not view.size or view.ctypes.data == tensor.data_ptr())
+    for other in (
+        torch.zeros(4, dtype=torch.bfloat16),
+        torch.zeros(4, dtype=torch.complex64),
+        torch.zeros(4, dtype=torch.bool),
+        torch.zeros((3, 4)).t(),
+        torch.zeros(4).to_sparse(),
+    ):
+        assert torch_backend._plain_cpu(other) is None

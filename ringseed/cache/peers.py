@@ -17,6 +17,7 @@ itself: every chunk that enters a node is hashed by :class:`ringseed.cache.chunk
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import os
 import random
@@ -175,18 +176,32 @@ async def push(
         raise PeerError(f"{url} unreachable while pushing chunk {sha[:12]}: {type(exc).__name__}: {exc}") from exc
 
 
+def allocate(fd: int, length: int) -> None:
+    """Give the file ``fd`` its ``length`` bytes of real space before it is mapped and written.
+
+    A store through a mapping of a hole the file system cannot back (a full tmpfs or disk) is a
+    SIGBUS that kills the agent; allocated first, it is :class:`chunks.CacheFull` here instead."""
+    try:
+        os.posix_fallocate(fd, 0, length)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            why = f"no space for a {length}-byte chunk on its tier's file system: {exc.strerror}"
+            raise chunks.CacheFull(why) from exc
+        raise
+
+
 async def fetch_into(client: peerclient.PeerClient, *, url: str, sha: str, length: int, fd: int,
                      limit_s: float = 120.0) -> str:  # fmt: skip
     """Receive chunk ``sha`` from the agent at ``url`` into the file ``fd``; returns the SHA-256 of what came.
 
-    The file is sized and mapped, and the body lands in the mapping with ``recv_into``
+    The file is allocated (:func:`allocate`) and mapped, and the body lands in the mapping with ``recv_into``
     on the client's worker thread (:meth:`ringseed.agent.peerclient.PeerClient.fetch_mapped`, the
     agent's way of receiving into staging too), hashed piece by piece as it arrives: no
     Python-level copy and no second pass over the chunk to verify it.
     """
     if length <= 0:
         return hashlib.sha256(b"").hexdigest()
-    os.ftruncate(fd, length)
+    allocate(fd, length)
     reply = await client.fetch_mapped(
         url.rstrip("/"), f"/v1/cache/chunks/{sha}", fd=fd, offset=0, length=length, deadline=time.monotonic() + limit_s
     )

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from ringseed.local import swarm
 from tests.component.distribution.conftest import MiB, assert_copies, make_model, odd_sizes, source_manifest
@@ -56,20 +54,6 @@ def test_the_ssd_budget_pauses_fetching_with_disk_full_until_a_bigger_budget(
     status = local.wait_for(local.all_verified, timeout=120, what="all verified with room")
     assert _reason(status, "node-1") is None
     assert_copies(local, expected)
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 5 MiB tmpfs (root only); unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_disk_pauses_fetching_and_it_resumes_when_space_returns(

@@ -390,6 +390,8 @@ class Agent:
                 self.core.announcements_failed(batch, drops)
             raise
         self.pacer.follow(interval=reply.get("heartbeat_interval"), gap=reply.get("early_gap"))
+        if generation == self.generation and reply.get("rejected"):
+            self.core.announcements_rejected([int(i) for i in reply["rejected"]])
         if self.core.announce or self.core.dropped:
             self.news.set()
         if generation != self.generation:  # moved to another revision meanwhile: this reply is stale

@@ -293,6 +293,15 @@ class AgentCore:
         self.announce[:0] = [a for a in batch if a[0] in self.held]
         self.dropped[:0] = list(drops)
 
+    def announcements_rejected(self, indices: Collection[int]) -> None:
+        """A heartbeat's reply named ``indices`` as not taken: the tracker did not know their hash
+        (a leader that took over learns hashes from the nodes' registrations, and only the origin
+        puller may teach one in a heartbeat) or its layout yet. Those still held are told again
+        (once each) until it takes them; a tracker hash that differs comes back in its view and
+        :meth:`learn_hashes` drops the copy, which ends the telling."""
+        queued = {a[0] for a in self.announce}
+        self.announce[:0] = [(i, self.held[i], None) for i in indices if i in self.held and i not in queued]
+
     # -- the tracker's view ----------------------------------------------------------------
 
     def tracker_state(self, *, revision: str | None, confirmed: bool, duty: bool) -> list[steps.Action]:

@@ -459,7 +459,7 @@ class Swarm:
         batch, drops = core.take_announcements(4096)
         t = self.tracker
         learned = len(t.hash_log)
-        t.heartbeat(
+        reply = t.heartbeat(
             node=self.names[node],
             now=now,
             load=len(self.net.uploads[node]),
@@ -468,6 +468,7 @@ class Swarm:
             since=t.log.version,  # the node reads the live view: no changes to carry
             epoch=t.epoch,
         )
+        core.announcements_rejected(reply.rejected)  # told again with the next heartbeat, as the agent does
         self._sync_pulling()
         fresh = {i: h for i in t.hash_log[learned:] if (h := t.hashes[i]) is not None}
         if fresh:

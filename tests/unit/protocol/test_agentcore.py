@@ -227,6 +227,25 @@ def test_a_registration_voids_only_what_it_listed() -> None:
     assert agent.take_announcements(10) == ([(3, None, "b")], [2])
 
 
+def test_chunks_a_heartbeat_did_not_take_are_told_again_with_their_hash_while_held() -> None:
+    """A leader that just took over does not know a peer-fetched chunk's hash until the nodes
+    re-register, and a heartbeat cannot teach it (only the origin puller's can): the reply names
+    the chunk as rejected, and the node used to count it as told, so the tracker never knew the
+    node held it (seen once in CI: a node verified 49 of 49 chunks and the leader counted 48)."""
+    agent = make()
+    agent.held_chunk(1, "h1", from_origin=False, source="a")
+    agent.held_chunk(2, "h2", from_origin=False, source="a")
+    agent.held_chunk(3, "h3", from_origin=False, source="a")
+    batch, _ = agent.take_announcements(10)
+    assert [a[0] for a in batch] == [1, 2, 3]
+    agent.dropped_chunk(3)
+    agent.held_chunk(2, "h2", from_origin=False, source="b")  # already queued again: not twice
+    agent.announcements_rejected([1, 2, 3, 7])
+    assert agent.take_announcements(10) == ([(1, "h1", None), (2, None, "b")], [3])
+    agent.announcements_rejected([])
+    assert agent.take_announcements(10) == ([], [])
+
+
 # -- origin duty ------------------------------------------------------------------------------
 
 

@@ -47,14 +47,15 @@ SAFETY_NET_S = 5.0  # commit even without news this often (a queue written past 
 async def accept(
     agent: Agent,
     index: int,
-    data: cache.Data,
+    data: cache.Data | store.Landing,
     *,
     digest: str,
     from_origin: bool,
     generation: int,
     source: str | None = None,
 ) -> bool:
-    """Hold a verified chunk: pinned in memory, announced at once, written to disk behind it.
+    """Hold a verified chunk: pinned in memory, announced at once, written to disk behind it
+    (received in place, a :class:`store.Landing`: see :func:`accept_landed`).
 
     ``source`` names the peer the bytes came from: the announcement carries it, as evidence for
     the tracker that the peer serves good chunks.
@@ -64,6 +65,10 @@ async def accept(
     finished. At most ``memory budget // chunk`` writes are in flight (back-pressure on the
     caller); a chunk too big for the memory tier is written before it counts as held.
     """
+    if isinstance(data, store.Landing):
+        return accept_landed(
+            agent, index, data, digest=digest, from_origin=from_origin, generation=generation, source=source
+        )
     if not _current(agent, index, generation):
         return False
     if not _has_room(agent, len(data)):

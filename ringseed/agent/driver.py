@@ -149,17 +149,6 @@ async def _step(agent: Agent, step: Step, data: Data) -> tuple[list[agentsteps.A
         return await fetch.await_hash(agent, step), data
     if isinstance(step, agentsteps.Store):
         assert data is not None
-        if isinstance(data, store.Landing):
-            chunks.accept_landed(
-                agent,
-                step.index,
-                data,
-                digest=step.digest,
-                from_origin=step.from_origin,
-                generation=step.generation,
-                source=step.source,
-            )
-            return agent.core.stored(step.job, now=now()), None
         await chunks.accept(
             agent,
             step.index,

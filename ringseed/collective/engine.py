@@ -322,13 +322,15 @@ class RingEngine:
         def copy_out(rank: int) -> None:
             out[...] = array[rank * block : (rank + 1) * block]
 
-        return self._submit(
-            plan,
-            array=array,
-            dtype=dtype,
-            op=op,
-            tag=tag,
-            after=copy_out,
+        return self._enqueue(
+            self._operation(
+                plan,
+                array=array,
+                dtype=dtype,
+                op=op,
+                tag=tag,
+                after=copy_out,
+            ),
             run_here=run_here,
         )
 
@@ -359,12 +361,14 @@ class RingEngine:
                 io_timeout=self._io_timeout,
             )
 
-        return self._submit(
-            plan,
-            array=array,
-            dtype=dtype,
-            tag=tag,
-            inline=inline,
+        return self._enqueue(
+            self._operation(
+                plan,
+                array=array,
+                dtype=dtype,
+                tag=tag,
+                inline=inline,
+            ),
             run_here=run_here,
         )
 
@@ -385,11 +389,13 @@ class RingEngine:
             seg = schedule.segment_elems(length=block, world=1, itemsize=array.itemsize)
             return schedule.all_gather(block=block, rank=rank, world=world, seg_elems=seg)
 
-        return self._submit(
-            plan,
-            array=out,
-            dtype=dtype,
-            tag=tag,
+        return self._enqueue(
+            self._operation(
+                plan,
+                array=out,
+                dtype=dtype,
+                tag=tag,
+            ),
             run_here=run_here,
         )
 
@@ -497,34 +503,6 @@ class RingEngine:
         if run_here:
             self._ops.help(future)
         return future
-
-    def _submit(
-        self,
-        plan: Callable[[int, int], schedule.Plan],
-        *,
-        array: np.ndarray,
-        dtype: frames.DType,
-        tag: int,
-        op: ops.ReduceOp = ops.ReduceOp.SUM,
-        quantize: str | None = None,
-        reducer: runner.Reducer | None = None,
-        after: Callable[[int], None] | None = None,
-        inline: Callable[[socket.socket, socket.socket, int, int], None] | None = None,
-        run_here: bool = False,
-    ) -> concurrent.futures.Future[None]:
-        """Queue one operation (see :meth:`_operation`)."""
-        execute = self._operation(
-            plan,
-            array=array,
-            dtype=dtype,
-            tag=tag,
-            op=op,
-            quantize=quantize,
-            reducer=reducer,
-            after=after,
-            inline=inline,
-        )
-        return self._enqueue(execute, run_here=run_here)
 
     def _operation(
         self,

@@ -160,17 +160,23 @@ def _sendfile(path: Path, total: int) -> Callable[[socket.socket], int]:
     return job
 
 
+def _fill(sock: socket.socket, view: memoryview) -> int:
+    """``recv_into`` until ``view`` is full or the peer closed; the bytes received."""
+    filled = 0
+    while filled < len(view):
+        n = sock.recv_into(view[filled:])
+        if n == 0:
+            break
+        filled += n
+    return filled
+
+
 def _recv_into(chunk: int, *, then: Callable[[memoryview, int], None] | None = None) -> Callable[[socket.socket], int]:
     def job(sock: socket.socket) -> int:
         buf = memoryview(bytearray(chunk))
         total = 0
         while True:
-            filled = 0
-            while filled < chunk:
-                n = sock.recv_into(buf[filled:])
-                if n == 0:
-                    break
-                filled += n
+            filled = _fill(sock, buf)
             if then is not None and filled:
                 then(buf[:filled], total)
             total += filled
@@ -222,12 +228,7 @@ def _recv_in_place(path: Path, chunk: int, total: int) -> Callable[[socket.socke
                 os.posix_fallocate(fd, done, length)
                 area = mmap.mmap(fd, length, offset=done)
                 view = memoryview(area)
-                filled = 0
-                while filled < length:
-                    n = sock.recv_into(view[filled:])
-                    if n == 0:
-                        break
-                    filled += n
+                filled = _fill(sock, view)
                 hashlib.sha256(view[:filled]).digest()
                 view.release()
                 area.close()

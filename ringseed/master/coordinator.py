@@ -76,12 +76,19 @@ class Coordinator:
         self.metrics = web.Metrics()
         self._changed = asyncio.Event()
         self.held: collections.Counter[str] = collections.Counter()  # peer id -> heartbeats held now
+        self.closing = False  # the server is shutting down: held calls answer now
         self.metrics.declare("coordinator_peers_removed_total", "counter", "peers removed by the failure detector")
         self.metrics.declare("coordinator_aborts_total", "counter", "collective tags that got the abort verdict")
 
     def changed(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def close(self) -> None:
+        """The server is shutting down: every held call returns what it has (a vote whose peer
+        already left would otherwise hold the shutdown for up to ``MAX_WAIT``)."""
+        self.closing = True
+        self.changed()
 
     async def wait_for(
         self, check: Callable[[], T | None], *, wait: float, connected: Callable[[], bool] | None = None
@@ -92,7 +99,7 @@ class Coordinator:
         while True:
             found = check()
             left = deadline - self.clock()
-            if found is not None or left <= 0 or (connected is not None and not connected()):
+            if found is not None or left <= 0 or self.closing or (connected is not None and not connected()):
                 return found
             event = self._changed
             with contextlib.suppress(TimeoutError):
@@ -164,7 +171,12 @@ def create_app(
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
+    async def release_held_calls(app: aioweb.Application) -> None:
+        if "c" in state:
+            state["c"].close()
+
     app.cleanup_ctx.append(lifecycle)
+    app.on_shutdown.append(release_held_calls)
     _routes(app, lambda: state["c"])
     return app
 

@@ -31,7 +31,12 @@ Fault-tolerance contract
   successor: its listener is bound before it joins and open until it closes, so a refusal means
   the peer is gone.
 - :meth:`RingEngine.close` never blocks on an operation: it aborts it and waits at most
-  ``CLOSE_WAIT`` for it to unwind. An operation starts no thread: it runs on the engine's op
+  ``CLOSE_WAIT`` for it to unwind (and for the direct links' reader threads to end). An engine
+  still open when the interpreter exits is closed by an ``atexit`` hook, before the interpreter
+  finalizes: the engine's threads are daemons, and one that is still completing an operation
+  (its callbacks: torch's ``Future.set_result``, a copy-back) inside C++ that released the GIL
+  would be killed when it takes the GIL back, which aborts the process ("terminate called
+  without an active exception"). An operation starts no thread: it runs on the engine's op
   thread (started in :meth:`start`) or the caller's, which drives the ring's links itself
   (``runner.py``), so a process at its pids limit can still run collectives.
 - This engine gives no fault tolerance by itself (no retry, no membership): that is the
@@ -40,12 +45,14 @@ Fault-tolerance contract
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import dataclasses
 import logging
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -57,6 +64,7 @@ from ringseed.protocol import frames
 log = logging.getLogger(__name__)
 ReduceOp = ops.ReduceOp
 CLOSE_WAIT = 5.0  # seconds close() waits for an aborted operation to unwind
+_OPEN: weakref.WeakSet[RingEngine] = weakref.WeakSet()  # started and not closed: closed at exit
 
 
 class CollectiveAborted(Exception):
@@ -117,6 +125,7 @@ class RingEngine:
         except BaseException:
             self._listener.close()
             raise
+        _OPEN.add(self)
         return self.address
 
     @property
@@ -175,6 +184,7 @@ class RingEngine:
     def close(self) -> None:
         """Abort what is in flight, stop listening and drop every link; returns within about
         ``CLOSE_WAIT`` even if an operation is stuck in code that never returns (a hung reducer)."""
+        _OPEN.discard(self)
         self._stop("engine closed", quiet=True)
         if self._listener is not None:
             self._listener.close()
@@ -193,8 +203,11 @@ class RingEngine:
             for sock in self._incoming.values():
                 sock.close()
             self._incoming.clear()
-            if self._mesh is not None:
-                self._mesh.close()
+            direct = self._mesh
+            if direct is not None:
+                direct.close()
+        if direct is not None:  # its readers may be completing a receive (callbacks): let them end
+            direct.join(max(0.0, deadline - time.monotonic()))
 
     # ----- collectives -----------------------------------------------------------------------
 
@@ -663,6 +676,13 @@ class RingEngine:
 class _Links:
     outs: tuple[socket.socket, ...]  # to the successor, one per channel
     ins: tuple[socket.socket, ...]  # from the predecessor
+
+
+@atexit.register
+def _close_open_engines() -> None:
+    """Runs before the interpreter finalizes (see the module's fault-tolerance contract)."""
+    for open_engine in list(_OPEN):
+        open_engine.close()
 
 
 def _check_array(array: np.ndarray, *, bfloat16: bool) -> frames.DType:

@@ -152,6 +152,14 @@ class Mesh:
         for sock in [*self._outs.values(), *self._ins.values()]:
             sock.close()
 
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the reader threads to end (after :meth:`close`); True if they did."""
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
     # ----- internals ---------------------------------------------------------------------------
 
     def _check(self) -> None:

@@ -4,6 +4,8 @@ references computed locally from the same seeds; plus the torch reducer used for
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 import traceback
 from pathlib import Path
 
@@ -156,6 +158,16 @@ def train_ddp(rank: int, out_dir: Path) -> None:
 
 def test_every_collective_on_three_processes(tmp_path: Path) -> None:
     spawn("collectives", tmp_path)
+
+
+def test_exiting_while_the_engine_thread_completes_a_work_is_clean() -> None:
+    """An asynchronous barrier completed on the engine's thread, whose torch future's callback is
+    still running when the main thread exits: the process exits 0 (the engine is closed at exit,
+    before the interpreter finalizes), not "terminate called without an active exception"."""
+    child = [sys.executable, "-m", "tests.component.collective._exit_race_child"]
+    repo = Path(__file__).resolve().parents[3]
+    proc = subprocess.run(child, cwd=repo, capture_output=True, text=True, timeout=120, check=False)
+    assert (proc.returncode, proc.stdout) == (0, "ok\n"), proc.stderr
 
 
 @pytest.mark.parametrize("op", list(engine.ReduceOp), ids=lambda o: o.name)

@@ -12,7 +12,10 @@ threads) before and after each transfer, so process start-up is not counted.
   socket pair on loopback (``sendall`` of one preallocated buffer, ``os.sendfile`` from a file in
   RAM, ``recv_into`` one preallocated buffer), the ideal receiver (``recv_into`` a chunk
   buffer, SHA-256 it, ``pwrite`` it into a file in RAM) and the ideal receiver in place
-  (``fallocate`` the chunk's region of a file, map it, ``recv_into`` the mapping, SHA-256 it).
+  (``fallocate`` the chunk's region of a file, map it, ``recv_into`` the mapping, SHA-256 it),
+  the ideal direct receiver (``recv_into`` one reused chunk buffer, SHA-256 it, ``pwrite`` it with
+  ``O_DIRECT``: no page cache) and what memory never touched before costs on its first write (over a
+  rewrite: faults and zeroing; on a virtual machine whose free pages went back to the host, more).
 - origin: one agent on origin duty pulls the model from a ``file://`` origin in RAM (reads,
   hashes, stores). Gate: the agent is up and idle before the master starts. Its memory tier
   holds the whole model, so it then serves it from memory to one receiver (``1 to 1, memory``).
@@ -30,7 +33,8 @@ threads) before and after each transfer, so process start-up is not counted.
   one peer; peers save into RAM too). Gate: every process loaded its torrent (seeds: checked).
 
 Columns: bytes a role moved, its CPU (user + system), GB per CPU-second, ns of CPU per byte,
-the copies delivered per wall second and the chunk requests the role refused busy (429). The CPU
+the copies delivered per wall second, the chunk requests the role refused busy (429) and the chunk
+buffers its agents mapped fresh (``maps``: 64 MiB each whose first touch costs, see the limits). The CPU
 includes what an agent spends whether or not it moves bytes (heartbeats, its loops; measured once
 per run on the idle origin puller and printed): on a loaded machine, where a transfer takes many
 seconds, that share of the ns per byte is larger than at NIC speed.
@@ -211,7 +215,71 @@ def machine_limits(*, work: Path, chunk: int, total: int) -> dict[str, float]:
     in_place = tcp_rates(send=_sendall(buf, total), receive=_recv_in_place(work / "ideal-in-place.bin", chunk, total))
     out["in_place_receiver"] = in_place["recv"]
     (work / "ideal-in-place.bin").unlink()
+    direct = _recv_direct(work / "ideal-direct.bin", chunk)
+    if direct is not None:
+        out["direct_receiver"] = tcp_rates(send=_sendall(buf, total), receive=direct)["recv"]
+        (work / "ideal-direct.bin").unlink()
+    out["first_touch"] = first_touch_rate(buf, total=total)
     return out
+
+
+def first_touch_rate(buf: memoryview, *, total: int) -> float:
+    """Bytes per CPU-second of the extra cost of writing into memory never touched before (a fresh
+    anonymous map) over writing into the same memory again: the kernel's fault and zeroing, and on a
+    virtual machine whose free pages went back to the host, the host's."""
+    area = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    view = memoryview(area)
+
+    def fill() -> int:
+        for offset in range(0, total - len(buf) + 1, len(buf)):
+            view[offset : offset + len(buf)] = buf
+        return total // len(buf) * len(buf)
+
+    try:
+        done, first = _timed(fill)
+        _, again = _timed(fill)
+    finally:
+        view.release()
+        area.close()
+    return done / max(1e-9, first - again)
+
+
+def _recv_direct(path: Path, chunk: int) -> Callable[[socket.socket], int] | None:
+    """The ideal receiver writing with O_DIRECT: ``recv_into`` one reused (warm) chunk buffer, SHA-256
+    it, ``pwrite`` it with O_DIRECT (no page cache); None where the file system refuses O_DIRECT."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644))
+    except (OSError, AttributeError):
+        path.unlink(missing_ok=True)
+        return None
+
+    def job(sock: socket.socket) -> int:
+        area = mmap.mmap(-1, chunk, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # page-aligned
+        view = memoryview(area)
+        view[:] = bytes(chunk)  # warm: a receiver reuses its buffers
+        fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
+        total = 0
+        try:
+            while True:
+                filled = _fill(sock, view)
+                if filled:
+                    hashlib.sha256(view[:filled]).digest()
+                    aligned = filled - filled % 4096
+                    if aligned:
+                        os.pwrite(fd, view[:aligned], total)
+                    if aligned < filled:
+                        with open(path, "r+b") as f:
+                            f.seek(total + aligned)
+                            f.write(view[aligned:filled])
+                total += filled
+                if filled < chunk:
+                    return total
+        finally:
+            os.close(fd)
+            view.release()
+            area.close()
+
+    return job
 
 
 def _recv_in_place(path: Path, chunk: int, total: int) -> Callable[[socket.socket], int]:
@@ -258,6 +326,7 @@ class Proc:
     sent: int = 0
     received: int = 0
     refused: int = 0  # chunk requests it answered busy (429)
+    mapped: int = 0  # chunk buffers it mapped fresh so far (an agent's; each page's first touch costs)
 
     def sample(self) -> tuple[float, float]:
         return common.cpu_times(self.popen.pid)
@@ -297,6 +366,8 @@ class Swarm(swarm.LocalSwarm):
     """A loopback master and agents measured as :class:`Proc` (the background scrub off: it re-hashes
     staged chunks at 16 MiB/s once a model is published, which is not the data path)."""
 
+    staging_writes: str | None = None  # ``ringseed agent --staging-writes`` (None: the agent's default)
+
     def __init__(self, *, workdir: Path, source: str, chunk: int, memory: int) -> None:
         super().__init__(
             source=source,
@@ -310,6 +381,8 @@ class Swarm(swarm.LocalSwarm):
 
     def start_node(self, name: str, *, role: str, memory: int | None = None) -> Proc:
         self.agent_args = ["--scrub-rate", "0", *(["--memory-bytes", str(memory)] if memory else [])]
+        if self.staging_writes is not None:
+            self.agent_args += ["--staging-writes", self.staging_writes]
         self.start_agent(name)
         self.names.append(name)
         return Proc(name=name, role=role, popen=self.procs[name], port=self.agent_ports[name])
@@ -318,10 +391,12 @@ class Swarm(swarm.LocalSwarm):
         return self.journal(name).parent
 
     def moved(self, proc: Proc) -> tuple[int, int, int]:
-        """(bytes sent to peers, bytes received, requests refused busy) so far, from /metrics."""
+        """(bytes sent to peers, bytes received, requests refused busy) so far, from /metrics; also
+        notes the chunk buffers it mapped fresh (``proc.mapped``)."""
         counters = self.agent_metrics(proc.name, timeout=30) or {}
         keys = ("ringseed_agent_bytes_uploaded", "ringseed_agent_bytes_fetched", "ringseed_agent_uploads_refused")
         sent, received, refused = (int(counters.get(key, 0)) for key in keys)
+        proc.mapped = int(counters.get("ringseed_agent_chunk_buffers_mapped", 0))
         return sent, received, refused
 
 
@@ -370,6 +445,7 @@ def ringseed_origin(
         seconds = time.monotonic() - started
         puller.cpu_after = puller.sample()
         puller.received = int((local.agent_metrics(puller.name) or {}).get("ringseed_agent_bytes_from_origin", 0))
+        local.moved(puller)  # notes its buffers
         pulled = {"seconds": seconds, "procs": [puller], "idle_cpu_per_s": idle_rate(puller)}
         holder = Proc(name=puller.name, role="sender", popen=puller.popen, port=puller.port)
         served = _transfer(local, [holder], receivers=1, profile=profile)
@@ -397,6 +473,7 @@ def ringseed_http_origin(
             seconds = time.monotonic() - started
             puller.cpu_after = puller.sample()
             puller.received = int((local.agent_metrics(puller.name) or {}).get("ringseed_agent_bytes_from_origin", 0))
+            local.moved(puller)  # notes its buffers
         _check_copies(["origin-puller"], local.model_dir, expected)
     finally:
         server.kill()
@@ -556,6 +633,7 @@ def role_totals(procs: list[Proc], role: str, *, idle_cpu: float = 0.0) -> dict[
         "user": user,
         "system": system,
         "refused": sum(p.refused for p in chosen),
+        "buffers_mapped": sum(p.mapped for p in chosen),
         "gb_per_cpu_s": moved / cpu / GB if cpu > 0 else float("inf"),
         "ns_per_byte": cpu / moved * 1e9 if moved else float("nan"),
         "ns_per_byte_less_idle": net / moved * 1e9 if moved else float("nan"),
@@ -564,7 +642,7 @@ def role_totals(procs: list[Proc], role: str, *, idle_cpu: float = 0.0) -> dict[
 
 HEADER = (
     f"{'scenario':<14} {'method':<13} {'role':<9} {'GB moved':>9} {'user s':>7} {'sys s':>7} "
-    f"{'GB/CPU-s':>9} {'ns/B':>6} {'-idle':>6} {'wall GB/s':>9} {'429s':>5}"
+    f"{'GB/CPU-s':>9} {'ns/B':>6} {'-idle':>6} {'wall GB/s':>9} {'429s':>5} {'maps':>5}"
 )
 
 
@@ -585,7 +663,8 @@ def print_rows(
             f"{scenario:<14} {method:<13} {role:<9} {totals['bytes'] / GB:>9.2f} {totals['user']:>7.2f} "
             f"{totals['system']:>7.2f} {totals['gb_per_cpu_s']:>9.2f} {totals['ns_per_byte']:>6.2f} "
             f"{format(totals['ns_per_byte_less_idle'], '6.2f') if idle is not None else '-':>6} {wall:>9.2f} "
-            f"{totals['refused'] if method == 'ringseed' else '-':>5}",
+            f"{totals['refused'] if method == 'ringseed' else '-':>5} "
+            f"{totals['buffers_mapped'] if method == 'ringseed' else '-':>5}",
             flush=True,
         )
     return rows
@@ -601,6 +680,8 @@ def print_limits(limits: dict[str, float]) -> None:
         "tcp_wall": "TCP loopback, one connection (wall GB/s)",
         "ideal_receiver": "ideal receiver: recv_into + SHA-256 + pwrite",
         "in_place_receiver": "ideal in place: fallocate+mmap+recv_into+SHA-256",
+        "direct_receiver": "ideal direct: recv_into+SHA-256+O_DIRECT pwrite",
+        "first_touch": "fresh memory: first write's extra over a rewrite",
     }
     for key, label in names.items():
         if key not in limits:
@@ -627,7 +708,8 @@ def _model_manifest(root: Path, chunk: int) -> manifest.Manifest:
 def run_all(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     size, chunk, memory = args.size, args.chunk, args.memory
     rows: list[dict[str, Any]] = []
-    print(f"S = {size / 2**30:g} GiB, chunk {chunk >> 20} MiB, memory tier {memory >> 20} MiB, in {work}; "
+    print(f"S = {size / 2**30:g} GiB, chunk {chunk >> 20} MiB, memory tier {memory >> 20} MiB, in {work}, "
+          f"staging writes {Swarm.staging_writes or 'auto'}; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     if not args.profile:
         limits = machine_limits(work=work, chunk=chunk, total=max(size, 4 * chunk))
@@ -704,6 +786,8 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
             line += f", {low / ideal:.2f}-{high / ideal:.2f}x the ideal receiver ({ideal:.2f})"
             if "in_place_receiver" in limits:
                 line += f", the ideal in place {GB / limits['in_place_receiver']:.2f}"
+            if "direct_receiver" in limits:
+                line += f", the ideal direct {GB / limits['direct_receiver']:.2f}"
         ratios = []
         for r in ours:
             theirs = [t for t in moved if t["method"].startswith("libtorrent") and t["role"] == role
@@ -728,11 +812,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--workdir", default="/dev/shm", help="where the model and every copy live (RAM)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    parser.add_argument("--staging-writes", choices=["auto", "direct", "in-place", "buffered"], default=None,
+                        help="the agents' --staging-writes (default: theirs, auto)")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--profile", choices=["py-spy", "perf", "strace"], default=None,
                         help="only ringseed's one-to-one runs, with this tool attached to both agents (files "
                         "in <workdir>/profile/<run>; implies --keep; CPU includes its overhead)")  # fmt: skip
     args = parser.parse_args(argv)
+    Swarm.staging_writes = args.staging_writes
     if args.profile:
         args.methods, args.receivers, args.holders, args.keep = "ringseed", "1", "", True
     args.receivers = [int(n) for n in args.receivers.split(",") if n]

@@ -86,6 +86,7 @@ class Config:
     chunk_size: int = manifest.DEFAULT_CHUNK_SIZE
     memory_bytes: int = 256 << 20
     ssd_bytes: int | None = None
+    staging_writes: str = "auto"  # how verified chunks get into staging (``store.WRITES``)
     origin_rate_limit: float | None = None
     host: str = "0.0.0.0"
     download_slots: int = 4
@@ -106,7 +107,9 @@ class Agent:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.session_id = secrets.token_hex(8)
-        self.store = store.Store(config.cache_dir / config.namespace / config.name, budget=config.ssd_bytes)
+        self.store = store.Store(
+            config.cache_dir / config.namespace / config.name, budget=config.ssd_bytes, writes=config.staging_writes
+        )
         self.memory = cache.MemoryTier(config.memory_bytes)
         self.model_dir = config.data_dir / config.namespace / config.name
         # The decisions and the copy's state (held, hashes, missing, candidates, what the tracker
@@ -516,6 +519,8 @@ class Agent:
         m.declare("agent_chunks_rejected", "counter", "chunks received with a wrong hash (served or streamed)")
         m.declare("agent_chunks_dropped", "counter", "chunks dropped after they were held (rot, write failure)")
         m.declare("agent_problem", "gauge", "1 while the node has the problem named by reason")
+        m.declare("agent_chunk_buffers_mapped", "counter", "chunk buffers mapped fresh (each page's first touch)")
+        m.declare("agent_chunk_buffers_reused", "counter", "chunk buffers handed out again from the pool")
 
     def _refresh_metrics(self) -> None:
         m = self.metrics
@@ -531,5 +536,7 @@ class Agent:
         m.set("agent_chunks_streamed", self.core.streamed_chunks)
         m.set("agent_chunks_rejected", self.core.rejected_chunks)
         m.set("agent_chunks_dropped", self.check.dropped)
+        m.set("agent_chunk_buffers_mapped", self.buffers.created + self.buffers.one_off)
+        m.set("agent_chunk_buffers_reused", self.buffers.reused)
         for reason in problems.SEVERITY:
             m.set("agent_problem", 1 if self.problems.active(reason) else 0, reason=reason)

@@ -60,6 +60,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="SSD tier budget: staging never allocates more (DiskFull pauses fetching until there is room)",
     )
     parser.add_argument(
+        "--staging-writes",
+        choices=("auto", "direct", "in-place", "buffered"),  # store.WRITES (not imported: a fast --help)
+        default="auto",
+        help="how verified chunks get into staging: O_DIRECT from the chunk's buffer, received in place "
+        "through a mapping, or pwrite (auto: direct unless staging is in RAM or refuses O_DIRECT)",
+    )
+    parser.add_argument(
         "--scrub-rate", type=cmdline.size, default="16Mi", help="bytes/s re-hashed from disk in the background (0: off)"
     )
     parser.add_argument(
@@ -163,6 +170,7 @@ def _config(args: argparse.Namespace, *, token: str, namespace: str, name: str) 
         name=name,
         memory_bytes=units.parse_size(args.memory_bytes),
         ssd_bytes=args.ssd_bytes,
+        staging_writes=str(args.staging_writes),
         origin_rate_limit=float(rate) if rate else None,
         download_slots=args.download_slots,
         upload_slots=args.upload_slots,

@@ -16,11 +16,12 @@ events (:mod:`ringseed.agent.driver` runs the jobs). The numbers and why (``agen
   worth of CPU).
 - Requests name the revision (``?revision=``): a peer on another revision answers 409 and is not
   blamed; a chunk received after this node moved to another revision is discarded.
-- Bytes land where they will stay, hashed as they arrive (:mod:`ringseed.agent.peerclient`), so
-  verifying costs no second pass over the chunk: in the chunk's region of the staged file (a
-  claim, :meth:`ringseed.agent.store.Store.claim`: no write afterwards, no buffer) when staging
-  lets it be claimed, else in a pooled chunk buffer (``agent.chunk_buffer``) that is held in the
-  memory tier and written behind. Never claimed: a chunk held or once held under this revision
+- Bytes are hashed as they arrive (:mod:`ringseed.agent.peerclient`), so verifying costs no
+  second pass over the chunk. They land in a pooled chunk buffer (``agent.chunk_buffer``: memory
+  touched before, reused) that is held in the memory tier and written behind, with ``O_DIRECT`` on
+  a disk (``store.WRITES``: no page cache to fill), or, with ``--staging-writes in-place``, in the
+  chunk's region of the staged file (a claim, :meth:`ringseed.agent.store.Store.claim`: no write
+  afterwards, no buffer) when staging lets it be claimed. Never claimed: a chunk held or once held under this revision
   (a journal line may name it until its drop is committed), a candidate (its kept bytes are
   still to be checked by hash), one being written, one spread over several files.
 - Cut-through: a stream from the origin puller (``?stream=1``, :mod:`ringseed.agent.stream`) has

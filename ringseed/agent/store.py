@@ -31,6 +31,14 @@ Rules:
 - All methods block; the agent calls them through ``asyncio.to_thread``, from several threads at
   once: reads, writes and commits share the open files, while opening another revision and
   closing wait for them to finish and hold them off meanwhile (:class:`_Gate`).
+- How chunks get into the staged files (``writes``; "auto" picks the first that applies):
+  "direct": a verified chunk's buffer is written with ``O_DIRECT`` (page-aligned middle; a head or
+  tail off the 4 KiB boundary, or a buffer ``O_DIRECT`` refuses, goes through the page cache), on
+  a file system that is not memory and takes ``O_DIRECT``. No page cache pages are allocated,
+  filled and written back for it: on a machine where fresh memory is dear to touch (a virtual
+  machine whose free pages went back to the host) that was most of a receiver's CPU per byte,
+  BENCHMARKS section 4. The bytes are read back from the device when served from staging.
+  "in-place": receiving in place (below; not on tmpfs in "auto"). "buffered": ``pwrite``.
 - Receiving in place (:meth:`Store.claim`, :class:`Landing`): a chunk from a peer may be received
   straight into its region of the staged file (a mapping of it), hashed as it arrives, instead of
   into a buffer that is written afterwards (not on tmpfs: there a mapped page is zeroed first and
@@ -76,7 +84,10 @@ DETACH_TMP = "detach.tmp"
 FREE_MARGIN = 1 << 20  # free bytes the file system must keep beyond a write
 # File systems where receiving in place costs more than a buffer and a write (BENCHMARKS section 4):
 # a page of a mapping is zeroed and faulted in one 4 KiB page at a time, a written one is not zeroed.
+# They are memory: no direct writes either (there is no device to write to without the page cache).
 NO_IN_PLACE = frozenset({"tmpfs", "ramfs"})
+DIRECT_ALIGN = 4096  # O_DIRECT: file offsets, lengths and buffer addresses on this boundary
+WRITES = ("auto", "direct", "in-place", "buffered")  # how verified chunks get into staging (``Store``)
 
 
 class DiskFull(OSError):
@@ -344,7 +355,10 @@ class Opened:
 class Store:
     """Staged model files plus the journal of verified chunks."""
 
-    def __init__(self, root: Path, *, budget: int | None = None) -> None:
+    def __init__(self, root: Path, *, budget: int | None = None, writes: str = "auto") -> None:
+        if writes not in WRITES:
+            raise ValueError(f"staging writes must be one of {', '.join(WRITES)}, not {writes!r}")
+        self.writes = writes
         self.root = root
         self.files_dir = root / FILES
         self.budget = budget
@@ -364,7 +378,9 @@ class Store:
         self._claims: dict[int, Landing] = {}
         self._writing: dict[int, int] = {}  # chunk -> write_chunk calls running for it
         self._regions = threading.Condition()  # guards _claims and _writing
-        self.in_place = False  # chunks may be received in place (set at open: not on NO_IN_PLACE)
+        self.in_place = False  # chunks may be received in place (set at open, see ``writes``)
+        self.direct = False  # verified chunks are written with O_DIRECT (set at open, see ``writes``)
+        self._direct_fds: dict[str, int] = {}  # staged path -> its O_DIRECT fd (same inode as ``_fds``)
 
     @property
     def layout(self) -> manifest.Layout | None:
@@ -450,7 +466,9 @@ class Store:
 
     def _open_files(self, target: revision.Revision) -> None:
         self.files_dir.mkdir(parents=True, exist_ok=True)
-        self.in_place = fs_type(self.files_dir) not in NO_IN_PLACE
+        memory = fs_type(self.files_dir) in NO_IN_PLACE
+        self.direct = self.writes == "direct" or (self.writes == "auto" and not memory)
+        self.in_place = self.writes == "in-place" or (self.writes == "auto" and not memory and not self.direct)
         for entry in target.layout.files:
             path = self.files_dir / entry.path
             if path.is_dir() and not path.is_symlink():
@@ -465,9 +483,22 @@ class Store:
                 fd = self._writable(entry.path)
                 os.ftruncate(fd, entry.size)
             self._allocated[entry.path] = os.fstat(fd).st_blocks * 512
+        if self.direct and not self._direct_ok(target.layout):
+            self.direct = False
+            self.in_place = self.writes == "auto" and not memory
         write_atomic(self.root / REVISION, json.dumps(target.to_dict()))
         self.revision = target
         self._journal = os.open(self.root / JOURNAL, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def _direct_ok(self, layout: manifest.Layout) -> bool:
+        """Whether the staged files open with O_DIRECT (a file system may refuse it: EINVAL)."""
+        for entry in layout.files:
+            try:
+                self._direct_fd(entry.path)
+            except OSError:
+                return False
+            return True
+        return True
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -494,6 +525,9 @@ class Store:
                     os.close(out)
                     raise
                 self._retired.append(fd)
+                old_direct = self._direct_fds.pop(path, None)
+                if old_direct is not None:
+                    self._retired.append(old_direct)
                 self._fds[path] = fd = out
                 with self._lock:
                     self._dirty.add(path)
@@ -570,10 +604,11 @@ class Store:
         for piece in pieces:
             part = view[piece.chunk_offset : piece.chunk_offset + piece.length]
             fd = self._writable(piece.path)
-            written = 0
             try:
-                while written < piece.length:
-                    written += os.pwrite(fd, part[written:], piece.file_offset + written)
+                if self.direct:
+                    self._write_direct(piece.path, fd, part, piece.file_offset)
+                else:
+                    _pwrite_all(fd, part, piece.file_offset)
             except OSError as exc:
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise DiskFull(exc.errno, f"{self.files_dir}: {os.strerror(exc.errno)}") from exc
@@ -582,6 +617,34 @@ class Store:
                 self._allocated[piece.path] = os.fstat(fd).st_blocks * 512
             with self._lock:
                 self._dirty.add(piece.path)
+
+    def _direct_fd(self, path: str) -> int:
+        with self._detach_lock:
+            fd = self._direct_fds.get(path)
+            if fd is None:
+                flags = os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_DIRECT", 0)
+                fd = self._direct_fds[path] = os.open(self.files_dir / path, flags)
+            return fd
+
+    def _write_direct(self, path: str, fd: int, part: memoryview, offset: int) -> None:
+        """Write ``part`` at ``offset``: the 4 KiB-aligned middle with O_DIRECT, the rest (and a
+        middle O_DIRECT refuses: a buffer off the boundary) through the page cache on ``fd``."""
+        head = min(len(part), -offset % DIRECT_ALIGN)
+        body = (len(part) - head) // DIRECT_ALIGN * DIRECT_ALIGN
+        done = 0
+        if body:
+            direct = self._direct_fd(path)
+            try:
+                while done < body:
+                    wrote = os.pwrite(direct, part[head + done : head + body], offset + head + done)
+                    done += max(0, wrote)
+                    if wrote <= 0 or wrote % DIRECT_ALIGN:
+                        break  # a short write off the boundary: the page cache takes the rest
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:  # EINVAL: not aligned after all (the buffer's address)
+                    raise
+        _pwrite_all(fd, part[:head], offset)
+        _pwrite_all(fd, part[head + done :], offset + head + done)
 
     def commit(self, entries: Iterable[tuple[int, str]]) -> None:
         """Make written chunks durable, then journal them (data first, then the record)."""
@@ -639,10 +702,11 @@ class Store:
             self._close_files()
 
     def _close_files(self) -> None:
-        for fd in [*self._fds.values(), *self._retired]:
+        for fd in [*self._fds.values(), *self._direct_fds.values(), *self._retired]:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds.clear()
+        self._direct_fds.clear()
         self._retired.clear()
         self._private.clear()
         self._allocated.clear()
@@ -658,6 +722,12 @@ class Store:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    written = 0
+    while written < len(data):
+        written += os.pwrite(fd, data[written:], offset + written)
 
 
 def _copy(src: int, dst: int) -> None:

@@ -32,6 +32,7 @@ def test_a_receiver_killed_mid_chunk_restarts_without_it_and_fetches_it_again(
     expected = source_manifest(root, chunk_size=MiB)
     stall = tmp_path / "stalled"
     local = swarm_factory(source=root.as_uri(), nodes=2, chunk_size=MiB)
+    local.agent_args = ["--staging-writes", "in-place"]  # "auto" writes with O_DIRECT from a buffer on a disk
     local.start_master()
     local.start_agent("node-0", module=STALLER, env={"RINGSEED_TEST_STALL": str(stall)})
     local.wait_for(lambda s: local.all_verified(s, ["node-0"]), timeout=60, what="the staller holding the model")

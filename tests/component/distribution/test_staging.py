@@ -212,12 +212,12 @@ def _land(landing: store.Landing, data: bytes) -> None:
 def test_a_region_is_claimed_only_for_a_chunk_no_journal_line_names(tmp_path: Path) -> None:
     rev = _rev({"a.bin": 3 * MiB + 10, "b.bin": MiB})  # chunk 3 spans a.bin's end and b.bin
     data = {"a.bin": os.urandom(3 * MiB + 10), "b.bin": os.urandom(MiB)}
-    staging = store.Store(tmp_path / "cache")
+    staging = store.Store(tmp_path / "cache", writes="in-place")
     staging.open(rev)
     staging.write_chunk(0, data["a.bin"][:MiB])
     staging.commit([(0, manifest.chunk_sha256(data["a.bin"][:MiB]))])
     staging.close()
-    again = store.Store(tmp_path / "cache")
+    again = store.Store(tmp_path / "cache", writes="in-place")
     again.open(rev)
     assert again.claim(0) is None  # the journal names it: a crash mid-receive would leave it "verified"
     assert again.claim(1, unclaimable={1}) is None  # held once under this revision (the agent's set)
@@ -228,7 +228,7 @@ def test_a_region_is_claimed_only_for_a_chunk_no_journal_line_names(tmp_path: Pa
     _land(landing, b"\xff" * MiB)  # what a lying peer sent
     landing.release()
     again.close()
-    restarted = store.Store(tmp_path / "cache")
+    restarted = store.Store(tmp_path / "cache", writes="in-place")
     assert set(restarted.open(rev).verified) == {0}  # the unverified bytes are not counted
     restarted.close()
 
@@ -236,7 +236,7 @@ def test_a_region_is_claimed_only_for_a_chunk_no_journal_line_names(tmp_path: Pa
 def test_verified_bytes_land_after_a_claim_ends(tmp_path: Path) -> None:
     rev = _rev({"a.bin": 2 * MiB})
     good = os.urandom(MiB)
-    staging = store.Store(tmp_path / "cache")
+    staging = store.Store(tmp_path / "cache", writes="in-place")
     staging.open(rev)
     landing = staging.claim(1)
     assert landing is not None and landing.prepare()
@@ -255,7 +255,7 @@ def test_verified_bytes_land_after_a_claim_ends(tmp_path: Path) -> None:
 
 
 def test_moving_to_another_revision_breaks_off_claims_first(tmp_path: Path) -> None:
-    staging = store.Store(tmp_path / "cache")
+    staging = store.Store(tmp_path / "cache", writes="in-place")
     staging.open(_rev({"a.bin": 2 * MiB}))
     receiving = staging.claim(0)
     assert receiving is not None and receiving.prepare() and receiving.begin()
@@ -284,20 +284,66 @@ def test_staging_on_tmpfs_receives_into_buffers(tmp_path: Path) -> None:
     try:
         staging = store.Store(root / "cache")
         staging.open(_rev({"a.bin": MiB}))
-        assert not staging.in_place and staging.claim(0) is None
+        assert not staging.in_place and not staging.direct and staging.claim(0) is None
         staging.close()
     finally:
         shutil.rmtree(root)
     disk = store.Store(tmp_path / "cache")
     disk.open(_rev({"a.bin": MiB}))
-    assert disk.in_place == (store.fs_type(tmp_path) not in store.NO_IN_PLACE)
+    on_disk = store.fs_type(tmp_path) not in store.NO_IN_PLACE
+    assert disk.direct or disk.in_place or not on_disk  # direct where O_DIRECT opens, else in place
+    assert not (disk.direct and disk.in_place) and (disk.claim(0) is None) == (not disk.in_place)
     disk.close()
+    with pytest.raises(ValueError, match="staging writes"):
+        store.Store(tmp_path / "other", writes="fast")
+
+
+@pytest.mark.parametrize("writes", ["direct", "buffered"])
+def test_direct_writes_land_every_byte_of_unaligned_pieces(tmp_path: Path, writes: str) -> None:
+    """O_DIRECT takes the 4 KiB-aligned middle of each piece, the page cache the rest: chunks spread
+    over files of odd sizes, bytes given as ``bytes`` (any address) and as a page-aligned map."""
+    sizes = {"a.bin": 3 * MiB + 10, "b.bin": 5000, "c/d.bin": 2 * MiB + 4097}
+    data = {p: os.urandom(n) for p, n in sizes.items()}
+    staging = store.Store(tmp_path / "cache", writes=writes)
+    rev = _rev(sizes)
+    staging.open(rev)
+    assert staging.direct == (writes == "direct") or store.fs_type(tmp_path) in store.NO_IN_PLACE
+    layout = rev.layout
+    stream = b"".join(data[f.path] for f in layout.files)
+    for index in reversed(range(layout.chunk_count)):  # neighbours land after each other, both ways
+        start, end = layout.chunk_span(index)
+        if index % 2:
+            staging.write_chunk(index, stream[start:end])
+        else:
+            with mmap.mmap(-1, end - start) as area:
+                area[:] = stream[start:end]
+                staging.write_chunk(index, memoryview(area))
+        assert staging.read_chunk(index) == stream[start:end]  # read back at once: the page cache is coherent
+    staging.commit((i, manifest.chunk_sha256(staging.read_chunk(i))) for i in range(layout.chunk_count))
+    staging.close()
+    for path, expected in data.items():
+        assert (tmp_path / "cache" / "files" / path).read_bytes() == expected
+
+
+def test_a_direct_write_to_a_published_file_copies_it_first(tmp_path: Path) -> None:
+    rev = _rev({"a.bin": 2 * MiB})
+    staging = store.Store(tmp_path / "cache", writes="direct")
+    staging.open(rev)
+    staging.write_chunk(0, b"\x01" * MiB)
+    staging.write_chunk(1, b"\x02" * MiB)
+    published = tmp_path / "published.bin"
+    os.link(tmp_path / "cache" / "files" / "a.bin", published)
+    staging.shared()
+    staging.write_chunk(1, b"\x03" * MiB)  # a repair after publishing: never through the link
+    assert published.read_bytes() == b"\x01" * MiB + b"\x02" * MiB
+    assert staging.read_chunk(1) == b"\x03" * MiB
+    staging.close()
 
 
 def test_a_claim_without_room_is_not_prepared(tmp_path: Path) -> None:
     """No room (the budget here; ENOSPC from fallocate alike): the chunk goes the buffer's way, where a
     full disk is a clear error, never a write through a mapping (SIGBUS)."""
-    staging = store.Store(tmp_path / "cache", budget=MiB // 2)
+    staging = store.Store(tmp_path / "cache", budget=MiB // 2, writes="in-place")
     staging.open(_rev({"a.bin": MiB}))
     landing = staging.claim(0)
     if landing is None:

@@ -353,3 +353,23 @@ def test_a_claim_without_room_is_not_prepared(tmp_path: Path) -> None:
         landing.release()
     assert os.stat(tmp_path / "cache" / "files" / "a.bin").st_blocks == 0  # nothing allocated
     staging.close()
+
+
+def test_a_full_disk_under_a_direct_write_is_disk_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC from the O_DIRECT write is DiskFull (not taken for a misaligned buffer and retried)."""
+    staging = store.Store(tmp_path / "cache", writes="direct")
+    staging.open(_rev({"a.bin": MiB}))
+    real = os.pwrite
+    calls: list[int] = []
+
+    def full(fd: int, data: bytes | memoryview, offset: int) -> int:
+        calls.append(fd)
+        if fd in staging._direct_fds.values():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(store.os, "pwrite", full)
+    with mmap.mmap(-1, MiB) as area, pytest.raises(store.DiskFull):
+        staging.write_chunk(0, memoryview(area))
+    assert calls and all(fd in staging._direct_fds.values() for fd in calls)  # nothing went the page cache's way
+    staging.close()

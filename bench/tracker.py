@@ -58,6 +58,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ringseed.protocol import announcements
+
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
 CHUNK = 64 * MiB
@@ -81,6 +83,7 @@ class Plan:
     measure: float
     rate: int = 1000
     jitter: float = 0.5
+    wire: str = "items"  # announcements one item per chunk ("items", before session 6) or "runs"
     chunk: int = CHUNK
     total: int = TOTAL
     link: float = LINK
@@ -224,7 +227,15 @@ class Worker:
     ) -> tuple[int | None, list[int]]:
         """One heartbeat; returns the view version it carried and the chunks it rejected (and
         keeps the pace it named)."""
-        body = json.dumps({"node": name_of(agent), "since": since, "epoch": self.epoch, "chunks": chunks, "load": 1})
+        message: dict[str, Any] = {"node": name_of(agent), "since": since, "epoch": self.epoch, "load": 1}
+        plain = [c[0] for c in chunks if c[1] is None]
+        if self.plan.wire == "runs" and plain:  # (the agent's announcements.pack, without its per-chunk step)
+            message["chunks"] = [c for c in chunks if c[1] is not None]
+            message["runs"] = announcements.runs_of(plain)
+            message["sources"] = [[i, name_of(self.rng.randrange(0, self.plan.nodes))] for i in plain[:16]]
+        else:
+            message["chunks"] = chunks
+        body = json.dumps(message)
         sent = time.time()
         status, payload = await conn.request("POST", "/v1/heartbeat", body.encode())
         done = time.time()
@@ -289,7 +300,10 @@ class Worker:
                     self.counted()
                     if self.in_window(t0):
                         self.samples.peers.append(time.time() - t0)
-            chunks = [[i, None, name_of(rng.randrange(0, plan.nodes))] for i in retry + fresh]
+            if plan.wire == "runs":  # (the sources are drawn in heartbeat(): 16 of them, not one per chunk)
+                chunks = [[i, None, None] for i in retry + fresh]
+            else:
+                chunks = [[i, None, name_of(rng.randrange(0, plan.nodes))] for i in retry + fresh]
             version, rejected = await self.heartbeat(conn, agent, self.since.get(agent), chunks, due=due)
             self.absorbed(agent, version)
             retry = rejected  # an agent holds a chunk only once it knows its hash: again next time
@@ -649,6 +663,7 @@ def summarise(
         "mode": plan.mode,
         "chunk_mib": plan.chunk // MiB,
         "jitter": plan.jitter,
+        "wire": plan.wire,
         "peer_queries": plan.peer_queries,
         "heartbeats_per_s": len(s.heartbeat) / plan.measure,
         "hb_p50_ms": 1000 * pct(s.heartbeat, 0.5),
@@ -686,6 +701,7 @@ COLUMNS = [
     ("mode", "mode", "{}"),
     ("chunk_mib", "chunk MiB", "{:d}"),
     ("jitter", "jitter", "{}"),
+    ("wire", "wire", "{}"),
     ("heartbeats_per_s", "hb/s", "{:.0f}"),
     ("hb_p50_ms", "hb p50 ms", "{:.1f}"),
     ("hb_p99_ms", "hb p99 ms", "{:.1f}"),
@@ -743,6 +759,12 @@ def main() -> None:
         help="paced: the tracker's --heartbeat-jitter, comma-separated for rows side by side (0: the "
         "pace before session 5, agents keep the phases they started with)",
     )
+    parser.add_argument(
+        "--wire",
+        default="runs",
+        help="how agents announce chunks, comma-separated for rows side by side: items (one [index, hash, "
+        "from] per chunk, as before session 6) or runs ([first, count] runs and 16 sources per heartbeat)",
+    )
     parser.add_argument("--chunk-mib", type=int, default=CHUNK // MiB, help="chunk size of the 500 GB model (MiB)")
     parser.add_argument("--interval", type=float, default=2.0, help="heartbeat interval (the master's default)")
     parser.add_argument("--peer-queries", action="store_true", help="one GET /v1/peers per chunk an agent gets")
@@ -788,8 +810,14 @@ def main() -> None:
         worker_main(args)
         return
     rows = []
-    runs = [(n, m, j) for n in args.nodes.split(",") for m in args.modes.split(",") for j in args.jitter.split(",")]
-    for nodes_text, mode, jitter in runs:
+    runs = [
+        (n, m, j, w)
+        for n in args.nodes.split(",")
+        for m in args.modes.split(",")
+        for j in args.jitter.split(",")
+        for w in args.wire.split(",")
+    ]
+    for nodes_text, mode, jitter, wire in runs:
         nodes = int(nodes_text)
         plan = Plan(
             nodes=nodes,
@@ -802,9 +830,12 @@ def main() -> None:
             rate=args.rate,
             jitter=float(jitter),
             chunk=args.chunk_mib * MiB,
+            wire=wire,
         )
         print(
-            f"# N={nodes} mode={mode} jitter={jitter} peer_queries={args.peer_queries} ...", file=sys.stderr, flush=True
+            f"# N={nodes} mode={mode} jitter={jitter} wire={wire} peer_queries={args.peer_queries} ...",
+            file=sys.stderr,
+            flush=True,
         )
         rows.append(
             run_one(

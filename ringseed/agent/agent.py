@@ -64,7 +64,17 @@ from ringseed.agent import (
     stream,
     tracker_client,
 )
-from ringseed.protocol import agentcore, agentsteps, backoff, digests, manifest, pacing, revision, watches
+from ringseed.protocol import (
+    agentcore,
+    agentsteps,
+    announcements,
+    backoff,
+    digests,
+    manifest,
+    pacing,
+    revision,
+    watches,
+)
 
 log = logging.getLogger(__name__)
 MAX_ANNOUNCE = 4096
@@ -149,6 +159,7 @@ class Agent:
         self.check = atrest.CheckState()
         self.problems = problems.Problems()
         self.pacer = pacing.Pacer(interval=1.0, gap=pacing.DEFAULT_GAP)  # the tracker's pace replaces it
+        self.tracker_runs = False  # whether the tracker takes announcements as runs (its registration reply says)
         self.url = ""
         self.metrics = web.Metrics()
         self.changed = asyncio.Event()
@@ -330,6 +341,7 @@ class Agent:
         )
         self.pacer.follow(interval=reply.get("heartbeat_interval"), gap=reply.get("early_gap"))
         self.sync_state = {"epoch": reply.get("epoch"), "since": None}
+        self.tracker_runs = reply.get("announce_runs") is True
         self.core.registered(held)  # a chunk verified or dropped while the call ran is still told
         self.core.tracker_moved(reply.get("revision"))
         if rev is not None and self.tracker_revision == rev.id:
@@ -376,11 +388,16 @@ class Agent:
         # send (``chunks.drop``), and the tracker applies ``dropped`` before ``chunks``.
         batch, drops = self.core.take_announcements(MAX_ANNOUNCE)
         generation = self.generation
+        if self.tracker_runs:  # (a master that takes runs says so at registration)
+            items, runs, sources = announcements.pack(batch)
+            told: dict[str, Any] = {"chunks": items, "runs": runs, "sources": sources}
+        else:
+            told = {"chunks": [list(a) for a in batch]}
         body = dict(
             self.sync_state,
             load=self.active_uploads,
             counters=self.counters(),
-            chunks=[list(a) for a in batch],
+            **told,
             dropped=drops,
             verified_digest=self.verified_digest,
             revision=self.revision.id if self.revision is not None else None,

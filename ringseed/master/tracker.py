@@ -12,10 +12,11 @@ lowercase hex SHA-256, node names 1-253 of ``[A-Za-z0-9._-]`` starting with a le
 
 - ``POST /v1/register`` ``{node, url, session, chunks?: {index: hash}, layout?: Layout.to_dict(),
   revision?: Revision.to_dict()}`` -> ``{epoch, heartbeat_interval, early_gap, offline_after,
-  rejected: [index], revision: id|null}`` (chunks of another revision than the tracker's are all
-  rejected)
+  rejected: [index], revision: id|null, announce_runs: true}`` (chunks of another revision than the
+  tracker's are all rejected; ``announce_runs``: heartbeats may carry ``runs`` and ``sources``)
 - ``POST /v1/heartbeat`` ``{node, load?, counters?: {origin_bytes, fetched_bytes, uploaded_bytes},
-  chunks?: [[index, hash|null, from?]], dropped?: [index], verified_digest?, since?: int|null,
+  chunks?: [[index, hash|null, from?]], runs?: [[first, count]], sources?: [[index, node]],
+  dropped?: [index], verified_digest?, since?: int|null,
   epoch?, problem?: {reason, message}|null, revision?: str|null}``
   -> ``{epoch, origin_duty, rejected, layout_known, suspect: [index], revision: id|null,
   revision_confirmed, heartbeat_interval, early_gap}`` plus the *view* (below).
@@ -29,6 +30,9 @@ lowercase hex SHA-256, node names 1-253 of ``[A-Za-z0-9._-]`` starting with a le
   ``chunks`` are batched announcements of verified chunks; a hash rides along only from the
   origin-duty node; ``from`` names the node the chunk was fetched (or streamed) from, null or
   absent when it came from the origin: it is the evidence that the node serves good chunks.
+  ``runs`` announce chunks ``first .. first + count - 1`` (no hash, no source) in bulk and
+  ``sources`` (at most ``MAX_SOURCES``) name where some of them came from
+  (:mod:`ringseed.protocol.announcements`: a heartbeat of ~200 chunks is a run or two).
   ``dropped`` lists chunks the node no longer holds (processed before ``chunks``).
   ``problem`` is the node's current blocking problem (``reason`` CamelCase, at most 64
   characters; ``message`` one sentence, whitespace folded and cut to ``MAX_MESSAGE``
@@ -92,6 +96,7 @@ MAX_INDEX = (1 << 31) - 1
 MAX_COUNTER = (1 << 63) - 1
 MAX_LOAD = 1 << 20
 MAX_MESSAGE = 512
+MAX_SOURCES = 256  # ``sources`` entries per heartbeat
 ERRORS: web.ErrorMap = {
     tracker.UnknownNode: 404,
     tracker.Conflict: 409,
@@ -266,6 +271,43 @@ def _announcements(body: dict[str, Any], known: Container[str] = ()) -> list[tra
                 _node_or_null(source, f"chunks[{i}][2]")
             names.add(source)
         out.append((index, digest, source))
+    return out
+
+
+def _runs(body: dict[str, Any]) -> list[tuple[int, int]]:
+    """``runs``: ``[[first, count]]``, chunks ``first .. first + count - 1`` (plain type checks per run)."""
+    out: list[tuple[int, int]] = []
+    for i, item in enumerate(_list(body, "runs", "[first index, count]")):
+        if (
+            type(item) is not list
+            or len(item) != 2
+            or type(item[0]) is not int
+            or type(item[1]) is not int
+            or not 0 <= item[0] <= MAX_INDEX
+            or not 1 <= item[1] <= tracker.MAX_CHUNKS
+        ):
+            raise web.problem(
+                400, "bad_field", f"runs[{i}] must be [first index, count] (count 1 to {tracker.MAX_CHUNKS})"
+            )
+        out.append((item[0], item[1]))
+    return out
+
+
+def _sources(body: dict[str, Any], known: Container[str] = ()) -> list[tuple[int, str]]:
+    """``sources``: ``[[index, node]]``, where announced chunks came from (evidence, at most ``MAX_SOURCES``)."""
+    raw = _list(body, "sources", "[index, node]")
+    if len(raw) > MAX_SOURCES:
+        raise web.problem(400, "bad_field", f"field 'sources' names at most {MAX_SOURCES} chunks")
+    out: list[tuple[int, str]] = []
+    for i, item in enumerate(raw):
+        if type(item) is not list or len(item) != 2 or type(item[0]) is not int or not 0 <= item[0] <= MAX_INDEX:
+            raise web.problem(400, "bad_field", f"sources[{i}] must be [index, node]")
+        source = item[1]
+        if type(source) is not str or source not in known:
+            source = _node_or_null(source, f"sources[{i}][1]")
+            if source is None:
+                raise web.problem(400, "bad_field", f"sources[{i}][1] must be a node name")
+        out.append((item[0], source))
     return out
 
 
@@ -450,6 +492,7 @@ class _Api:
                 "offline_after": self.state.offline_after,
                 "rejected": rejected,
                 "revision": self.state.revision,
+                "announce_runs": True,
             }
         )
 
@@ -463,6 +506,8 @@ class _Api:
             load=web.integer(body, "load", low=0, high=MAX_LOAD, default=0),
             counters=_counters(body),
             chunks=_announcements(body, known=self.state.nodes),
+            runs=_runs(body),
+            sources=_sources(body, known=self.state.nodes),
             dropped=dropped,
             verified_digest=_hash(body.get("verified_digest"), "field 'verified_digest'"),
             since=_since(body),

@@ -21,7 +21,7 @@ Rules:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 SPARSE_MAX = 1024
 MAX_PROBES = 4096
@@ -98,6 +98,26 @@ class Holdings:
                     listed.append(name)
         self._held[name] += len(added)
         return added
+
+    def add_run(self, name: str, first: int, stop: int) -> Sequence[int]:
+        """:meth:`add_many` of ``first .. stop - 1``; when ``name`` held none of them (the usual
+        announcement: a node gets chunks in runs) its bytes are set in one slice and the result
+        is the range itself."""
+        have = self._have[name]
+        if first >= stop or have.find(1, first, stop) >= 0:
+            return self.add_many(name, range(first, stop))
+        have[first:stop] = b"\x01" * (stop - first)
+        count, lists = self._count, self._lists
+        for index in range(first, stop):
+            n = count[index] = count[index] + 1
+            listed = lists[index]
+            if listed is not None:
+                if n > SPARSE_MAX:
+                    lists[index] = None
+                else:
+                    listed.append(name)
+        self._held[name] += stop - first
+        return range(first, stop)
 
     def remove(self, name: str, index: int) -> bool:
         """``name`` no longer holds ``index``; False if it did not."""

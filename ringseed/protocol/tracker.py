@@ -230,6 +230,7 @@ class Tracker:
         self.source: revisions.Revision | None = None
         self.confirmed = False
         self.hashes: list[str | None] = []
+        self._known = bytearray()  # 1 where the chunk's hash is known (checked per run in C)
         self.holdings = holdings.Holdings()
         self.log = tracker_log.ChangeLog()
         self.watches = watches.Watches()
@@ -246,6 +247,7 @@ class Tracker:
         self.origin_bytes_gone = 0
         self._avail: list[int] = []
         self._level: list[int] = []
+        self._pull_began: list[int] = []
         self._unheld_from = 0  # every chunk below is held or assigned
         self._last_index, self._last_length = 0, 0  # the last chunk may be shorter
         self._digest: str | None = None
@@ -334,15 +336,18 @@ class Tracker:
         self.source = source if source is not None else revisions.Revision(layout=layout)
         self.confirmed = False
         self.hashes = [None] * count
+        self._known = bytearray(count)
         self._digest = None
         self.holdings.reset(count)
         self._avail, self._level = [0] * count, [0] * count
+        self._pull_began = [0] * count  # the version at which each chunk's latest pull began
         self._unheld_from = 0
         self.log.restart(limit=max(1 << 16, 4 * count))
 
     def _learn_hash(self, index: int, digest: str) -> None:
         if self.hashes[index] is None:
             self.hashes[index] = digest
+            self._known[index] = 1
             self.log.add(tracker_log.HASH, index)
 
     def _claim_hash(self, *, node: str, index: int, digest: str, restoring: bool) -> bool:
@@ -420,17 +425,31 @@ class Tracker:
         state.last_seen = now
         return state
 
-    def _add_chunks(self, node: str, items: Iterable[Announcement], *, restoring: bool, now: float) -> list[int]:
+    def _add_chunks(
+        self,
+        node: str,
+        items: Iterable[Announcement],
+        *,
+        restoring: bool,
+        now: float,
+        runs: Iterable[tuple[int, int]] = (),
+        sources: Iterable[tuple[int, str]] = (),
+    ) -> list[int]:
         """The hot path of a busy swarm (every verified chunk of every node passes here once).
 
-        Each distinct source named in one call is one vouch (a node names the holders it fetched
-        from many times over; :mod:`ringseed.protocol.trust` counts distinct vouchers), for at
-        most ``VOUCHES_PER_BATCH`` sources not vouched for lately: a paced heartbeat of a big
-        swarm names a hundred sources, and trust keeps at most 32 vouches per node anyway; the
-        sources left out are vouched for in later batches)."""
+        ``items`` one by one (with a hash, or naming where the chunk came from); ``runs``
+        ``(first, count)``: chunks ``first .. first + count - 1`` verified, no hash, no source,
+        held in bulk (O(1) Python steps per run for the checks and the node's own bytes, one
+        tight step per chunk for the counts); ``sources`` ``(index, source)``: where a chunk of
+        this batch came from, evidence only (a vouch). Each distinct source named in one call is
+        one vouch (a node names the holders it fetched from many times over;
+        :mod:`ringseed.protocol.trust` counts distinct vouchers), for at most
+        ``VOUCHES_PER_BATCH`` sources not vouched for lately: a paced heartbeat of a big swarm
+        names a hundred sources, and trust keeps at most 32 vouches per node anyway; the sources
+        left out are vouched for in later batches)."""
         rejected: list[int] = []
         fresh: list[int] = []
-        hashes, holds, trusted = self.hashes, self.holdings.holds, self.trust
+        hashes, holds, known = self.hashes, self.holdings.holds, self._known
         vouched: set[str] = set()
         for item in items:
             index, digest = item[0], item[1]
@@ -440,34 +459,76 @@ class Tracker:
             if digest is not None and not self._claim_hash(node=node, index=index, digest=digest, restoring=restoring):
                 rejected.append(index)
                 continue
-            if hashes[index] is None:
+            if not known[index]:
                 rejected.append(index)
                 continue
             source = item[2] if len(item) > 2 else None
-            if (
-                source is not None
-                and len(vouched) < VOUCHES_PER_BATCH
-                and source not in vouched
-                and holds(source, index)
-                and not trusted.recent(fetcher=node, peer=source, now=now)
-            ):
-                vouched.add(source)
-                trusted.vouch(fetcher=node, peer=source, now=now)
+            if source is not None:
+                self._vouch(node, source, index, vouched, now)
             fresh.append(index)
-        if not fresh:
-            return rejected
-        added = self.holdings.add_many(node, fresh)
-        state, pulls = self.nodes[node], self.pulls
-        state.have_bytes += sum(map(self._length, added))
-        counted = node not in self.penalised
-        for index in added:
-            if index in pulls and pulls.complete(index, node=node, now=now, nbytes=self._length(index)) is not None:
-                self._pull_ended(index)
-            if counted:
-                self._count(index, 1)
-        if self.budget is not None and any(self._avail[i] <= pacing.FRONT_HOLDERS for i in added):
-            self.budget.rare_copy(node)
+        batches: list[Sequence[int]] = [fresh] if fresh else []
+        for first, count in runs:
+            stop = first + count
+            if self.layout is None or first < 0 or count < 1 or stop > len(hashes):
+                rejected.extend(range(max(0, first), max(0, first) + max(0, min(count, len(hashes)))))
+            elif known.find(0, first, stop) < 0:
+                batches.append(range(first, stop))
+            else:  # (some hashes not known here: those are refused, the rest held)
+                batches.append([i for i in range(first, stop) if known[i]])
+                rejected.extend(i for i in range(first, stop) if not known[i])
+        for batch in batches:
+            self._hold(node, batch, now)
+        for index, source in sources:
+            if 0 <= index < len(hashes) and holds(node, index):
+                self._vouch(node, source, index, vouched, now)
         return rejected
+
+    def _vouch(self, node: str, source: str, index: int, vouched: set[str], now: float) -> None:
+        """``node`` verified ``index`` from ``source``: a vouch, at most ``VOUCHES_PER_BATCH`` per call."""
+        if (
+            len(vouched) < VOUCHES_PER_BATCH
+            and source not in vouched
+            and self.holdings.holds(source, index)
+            and not self.trust.recent(fetcher=node, peer=source, now=now)
+        ):
+            vouched.add(source)
+            self.trust.vouch(fetcher=node, peer=source, now=now)
+
+    def _hold(self, node: str, indices: Sequence[int], now: float) -> None:
+        """``node`` holds ``indices`` (hashes known, in range): holdings, bytes, pulls, counts."""
+        if isinstance(indices, range):
+            added = self.holdings.add_run(node, indices.start, indices.stop)
+        else:
+            added = self.holdings.add_many(node, indices)
+        if not added:
+            return
+        assert self.layout is not None
+        state, pulls = self.nodes[node], self.pulls
+        last = self._last_index
+        state.have_bytes += len(added) * self.layout.chunk_size
+        if last in added:
+            state.have_bytes -= self.layout.chunk_size - self._last_length
+        if len(pulls):
+            within = added if isinstance(added, range) else set(added)
+            for index in sorted(i for i in pulls if i in within):
+                if pulls.complete(index, node=node, now=now, nbytes=self._length(index)) is not None:
+                    self._pull_ended(index)
+        least = self._count_up(added) if node not in self.penalised else min(self._avail[i] for i in added)
+        if self.budget is not None and least <= pacing.FRONT_HOLDERS:
+            self.budget.rare_copy(node)
+
+    def _count_up(self, indices: Iterable[int]) -> int:
+        """:meth:`_count` ``+1`` for each of ``indices`` (one tight step per chunk: the level
+        moves only where the count reaches a power of two); returns the least new count."""
+        avail, exact = self._avail, self.replies is tracker_log.Replies.FULL
+        least = MAX_NODES + 1
+        for index in indices:
+            count = avail[index] = avail[index] + 1
+            if count < least:
+                least = count
+            if exact or not count & (count - 1):
+                self._level_to(index, count)
+        return least
 
     def _length(self, index: int) -> int:
         assert self.layout is not None
@@ -487,7 +548,9 @@ class Tracker:
         exact = self.replies is tracker_log.Replies.FULL
         if not exact and count & (count - 1) and (count + 1) & count:
             return  # neither at nor just below a power of two: the level did not move
-        new = count if exact else tracker_log.level(count)
+        self._level_to(index, count if exact else tracker_log.level(count))
+
+    def _level_to(self, index: int, new: int) -> None:
         old = self._level[index]
         if new == old:
             return
@@ -509,6 +572,8 @@ class Tracker:
         load: int = 0,
         counters: Mapping[str, int] | None = None,
         chunks: Iterable[Announcement] = (),
+        runs: Iterable[tuple[int, int]] = (),
+        sources: Iterable[tuple[int, str]] = (),
         dropped: Iterable[int] = (),
         verified_digest: str | None = None,
         since: int | None = None,
@@ -516,7 +581,9 @@ class Tracker:
         problem: Problem | Literal[Keep.KEEP] | None = KEEP,
         revision: str | Literal[Keep.KEEP] | None = KEEP,
     ) -> HeartbeatReply:
-        """Record liveness, load, counters, dropped and new chunks, problem and revision; answer
+        """Record liveness, load, counters, dropped and new chunks (``chunks`` one by one, ``runs``
+        ``(first, count)`` in bulk with ``sources`` ``(index, source)`` as evidence of where
+        some came from: :meth:`_add_chunks`), problem and revision; answer
         with duty, what changed since version ``since`` of epoch ``epoch`` (:class:`View`) and
         which of its chunks to check.
 
@@ -535,13 +602,15 @@ class Tracker:
         rejected: list[int] = []
         lost: list[int] = []
         if ours:
-            chunks = list(chunks)
+            chunks, runs = list(chunks), list(runs)
             for index in dropped:
                 if self._remove_chunk(state, index):
                     lost.append(index)
                 state.suspect.discard(index)
-            rejected = self._add_chunks(node, chunks, restoring=False, now=now)
-            state.suspect.difference_update(item[0] for item in chunks)
+            rejected = self._add_chunks(node, chunks, restoring=False, now=now, runs=runs, sources=sources)
+            if state.suspect:
+                state.suspect.difference_update(item[0] for item in chunks)
+                state.suspect.difference_update(i for first, count in runs for i in range(first, first + count))
         self._refresh_duty(now)
         return HeartbeatReply(
             origin_duty=node in self.duty,
@@ -593,17 +662,20 @@ class Tracker:
         counts = self.log.since(tracker_log.AVAIL, known) if known is not None else None
         pulls = self.log.since(tracker_log.PULL, known) if known is not None else None
         hashes = self._hashes_since(known, state.name)
-        if counts is None or pulls is None or len(counts) + len(pulls) > max(64, len(self._avail)):
+        if known is None or counts is None or pulls is None or len(counts) + len(pulls) > max(64, len(self._avail)):
             # an unknown version, or the snapshot is the smaller answer
             return View(
                 version=version, full=True, availability=list(self._level), hashes=hashes, pulling=sorted(self.pulls)
             )
         mine, level = self.holdings.have_of(state.name), self._level
         levels: dict[int, list[int]] = {}
-        for index in set(counts):
+        for index in counts:  # (each changed chunk once: tracker_log)
             if not mine[index]:
                 levels.setdefault(level[index], []).append(index)
         pulling, stopped = self.pulls.split(pulls)
+        if stopped:  # a pull that began after ``since`` and ended: the node never heard of it
+            began = self._pull_began
+            stopped = [i for i in stopped if began[i] <= known]
         told = {i for listed in levels.values() for i in listed} if also else set()
         for index in also:
             if index not in told:
@@ -771,6 +843,7 @@ class Tracker:
             if avail[index] == 0 and index not in self.pulls:
                 self.pulls.assign(index, node, now=now)
                 self.log.add(tracker_log.PULL, index)
+                self._pull_began[index] = self.log.version
                 self.watches.news(index, copies=1, lacks=self._lacks(index))
                 mine.append(index)
             index += 1

@@ -17,15 +17,18 @@ Rules:
   availability change carries the whole vector.
 - A node names the version it last absorbed (``since``); it gets a snapshot instead of the
   changes when that version is unknown (null, another epoch, older than the log's first entry
-  or newer than the current version) or when more entries passed since than there are chunks
-  (the snapshot is then the smaller answer). The log keeps at most ``limit`` availability and
-  as many pull entries (the oldest half goes when full), and every hash learned for the layout.
+  or newer than the current version) or when more chunks changed since than there are chunks
+  (the snapshot is then the smaller answer). The log keeps, per chunk, the version of its last
+  availability change and of its last pull change (at most ``limit`` chunks each, the oldest
+  half goes when full), and every hash learned for the layout: what changed since a version
+  costs O(chunks changed since), each once.
 """
 
 from __future__ import annotations
 
 import bisect
 import enum
+import itertools
 
 AVAIL = 0
 HASH = 1
@@ -45,45 +48,66 @@ def level(count: int) -> int:
 
 
 class ChangeLog:
-    """Versioned changes per kind: ``(version, chunk)`` pairs in version order.
+    """Versioned changes per kind.
 
-    ``AVAIL`` and ``PULL`` changes keep at most ``limit`` entries each (the oldest half goes when
-    full); ``HASH`` changes are kept for the whole layout (one per chunk at most)."""
+    ``HASH`` changes are ``(version, chunk)`` pairs in version order, kept for the whole layout
+    (one per chunk at most). ``AVAIL`` and ``PULL`` keep, per chunk, the version of its *last*
+    change only, in version order (a chunk that changed again moves to the end): what changed
+    since a version is then each changed chunk once, found by walking back from the newest
+    (O(chunks changed since), not O(changes since): while a chunk spreads to N nodes its level
+    changes log2(N) times). They keep at most ``limit`` chunks each (the oldest half goes when
+    full; those versions then need a snapshot)."""
 
     def __init__(self, *, limit: int = 1 << 16) -> None:
         self.limit = max(2, limit)
         self.version = 0
-        self._versions: dict[int, list[int]] = {AVAIL: [], HASH: [], PULL: []}
-        self._indices: dict[int, list[int]] = {AVAIL: [], HASH: [], PULL: []}
+        self._versions: list[int] = []  # HASH
+        self._indices: list[int] = []
+        self._last: dict[int, dict[int, int]] = {AVAIL: {}, PULL: {}}  # chunk -> version of its last change
         self._floor: dict[int, int] = {AVAIL: 0, HASH: 0, PULL: 0}  # versions up to it may be gone
 
     def add(self, kind: int, index: int) -> None:
         self.version += 1
-        versions, indices = self._versions[kind], self._indices[kind]
-        versions.append(self.version)
-        indices.append(index)
-        if kind != HASH and len(versions) > self.limit:
-            cut = len(versions) // 2
-            self._floor[kind] = versions[cut - 1]
-            del versions[:cut], indices[:cut]
+        if kind == HASH:
+            self._versions.append(self.version)
+            self._indices.append(index)
+            return
+        last = self._last[kind]
+        last.pop(index, None)  # (re-inserted: the dict's order is the order of last change)
+        last[index] = self.version
+        if len(last) > self.limit:
+            cut = len(last) // 2
+            gone = list(itertools.islice(last, cut))
+            self._floor[kind] = last[gone[-1]]
+            for chunk in gone:
+                del last[chunk]
 
     def restart(self, *, limit: int | None = None) -> None:
         """Forget every entry (a new layout): every version up to now needs a snapshot."""
         self.version += 1
-        for kind in self._versions:
-            self._versions[kind], self._indices[kind] = [], []
+        self._versions, self._indices = [], []
+        self._last = {AVAIL: {}, PULL: {}}
+        for kind in self._floor:
             self._floor[kind] = self.version
         if limit is not None:
             self.limit = max(2, limit)
 
     def since(self, kind: int, version: int) -> list[int] | None:
-        """The chunks of ``kind`` changed after ``version`` (in order, repeats kept), or None when
-        that version is unknown here (older than what is kept, or newer than now)."""
+        """The chunks of ``kind`` changed after ``version`` (each once, in the order of their last
+        change), or None when that version is unknown here (older than what is kept, or newer
+        than now)."""
         if not self._floor[kind] <= version <= self.version:
             return None
-        versions = self._versions[kind]
-        return self._indices[kind][bisect.bisect_right(versions, version) :]
+        if kind == HASH:
+            return self._indices[bisect.bisect_right(self._versions, version) :]
+        out: list[int] = []
+        for index, changed in reversed(self._last[kind].items()):
+            if changed <= version:
+                break
+            out.append(index)
+        out.reverse()
+        return out
 
     def all(self, kind: int) -> list[int]:
-        """Every kept change of ``kind`` (the hashes learned for this layout, in order)."""
-        return self._indices[kind]
+        """Every kept change of ``kind`` (for ``HASH``: the hashes learned for this layout, in order)."""
+        return self._indices if kind == HASH else list(self._last[kind])

@@ -40,6 +40,8 @@ TRACKER_CALLS: dict[str, tuple[str, str, dict[str, Any]]] = {
             "load": 1,
             "counters": {"origin_bytes": 5, "fetched_bytes": 7, "uploaded_bytes": 0},
             "chunks": [[1, H, None], [2, None, "node-b"]],
+            "runs": [[3, 2]],
+            "sources": [[3, "node-b"]],
             "dropped": [3],
             "verified_digest": None,
             "since": 0,
@@ -60,7 +62,7 @@ TRACKER_CALLS: dict[str, tuple[str, str, dict[str, Any]]] = {
 TRACKER_FIELDS = {
     "node", "url", "session", "chunks", "layout", "load", "counters", "dropped", "verified_digest", "since",
     "epoch", "problem", "revision", "chunk_hashes", "count", "peer", "chunk", "reason", "message",
-    "replaces", "wait",
+    "replaces", "wait", "runs", "sources",
 }  # fmt: skip
 COORDINATOR_CALLS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "join": ("POST", "/v1/join", {"peer_id": "p0", "host": "127.0.0.1", "port": 9000, "wait": 0}),
@@ -207,6 +209,24 @@ def test_announced_sources_are_checked_whether_known_or_not(tracker_url: str) ->
     body = json.dumps({"node": "node-a", "chunks": [[10**21, digest, None]]}).encode()
     status, answer = call(tracker_url, "POST", "/v1/heartbeat", body)
     assert status == 400 and answer["error"] == "bad_json" and "digits" in answer["reason"], answer
+
+
+def test_announced_runs_and_sources_are_checked(tracker_url: str) -> None:
+    """``runs`` are [first, count] with a positive count; ``sources`` [index, node name]."""
+    bad_runs = ([0], [0, 0], [-1, 2], [0, "2"], [0, 1.5], [0, 1 << 40], {"0": 1})
+    for run in bad_runs:
+        body = json.dumps({"node": "node-a", "runs": [[0, 1], run]}).encode()
+        status, answer = call(tracker_url, "POST", "/v1/heartbeat", body)
+        assert status == 400 and answer["error"] == "bad_field" and "runs[1]" in answer["reason"], (run, answer)
+    for source in ([0, None], [0, "bad name"], [0, 7], ["0", "node-b"], [0]):
+        body = json.dumps({"node": "node-a", "runs": [[0, 1]], "sources": [[0, "node-b"], source]}).encode()
+        status, answer = call(tracker_url, "POST", "/v1/heartbeat", body)
+        assert status == 400 and answer["error"] == "bad_field" and "sources[1]" in answer["reason"], (source, answer)
+    body = json.dumps({"node": "node-a", "runs": [[0, 1]], "sources": [[0, "node-b"]] * 257}).encode()
+    status, answer = call(tracker_url, "POST", "/v1/heartbeat", body)
+    assert status == 400 and "at most 256" in answer["reason"], answer
+    body = json.dumps({"node": "node-a", "runs": [[0, 1], [3, 2]], "sources": [[0, "never-registered"]]}).encode()
+    assert call(tracker_url, "POST", "/v1/heartbeat", body)[0] == 200
 
 
 def test_problem_and_revision_reach_status_and_metrics(tracker_url: str) -> None:

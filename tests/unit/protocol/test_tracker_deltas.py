@@ -170,8 +170,33 @@ def test_a_new_revision_sends_everyone_a_snapshot() -> None:
     assert view.full and view.availability == [0] * 8 and view.hashes == {}
 
 
+def test_the_log_names_each_changed_chunk_once_in_the_order_of_its_last_change() -> None:
+    log = tracker_log.ChangeLog()
+    for index in (3, 1, 3, 2, 3):
+        log.add(tracker_log.AVAIL, index)
+    assert log.since(tracker_log.AVAIL, 0) == [1, 2, 3]
+    assert log.since(tracker_log.AVAIL, 2) == [2, 3]  # (chunk 1 changed last at version 2)
+    assert log.since(tracker_log.AVAIL, 5) == []
+    assert log.since(tracker_log.AVAIL, 6) is None  # newer than now
+
+
+def test_a_pull_that_began_and_ended_since_the_nodes_version_is_not_told() -> None:
+    t = swarm(3)
+    node = Node(t, "n2")
+    node.beat(0.1)
+    assert t.claim_origin(node="n0", count=1, now=0.2) == [0]
+    t.heartbeat(node="n0", now=0.3, chunks=[(0, digest(0))])
+    view = node.beat(0.4)
+    assert view.pulling == [] and view.pulling_stopped == []  # it never heard of that pull
+    assert t.claim_origin(node="n0", count=1, now=0.5) == [1]
+    assert node.beat(0.6).pulling == [1]
+    t.heartbeat(node="n0", now=0.7, chunks=[(1, digest(1))])
+    assert node.beat(0.8).pulling_stopped == [1]  # it did hear of this one
+
+
+@pytest.mark.parametrize("wire", ["items", "runs"])
 @pytest.mark.parametrize("replies", list(tracker_log.Replies))
-def test_a_node_following_replies_always_equals_the_tracker(replies: tracker_log.Replies) -> None:
+def test_a_node_following_replies_always_equals_the_tracker(replies: tracker_log.Replies, wire: str) -> None:
     import random
 
     rng = random.Random(5)
@@ -189,11 +214,18 @@ def test_a_node_following_replies_always_equals_the_tracker(replies: tracker_log
             t.claim_origin(node=name, count=2, now=now)
             nodes[name].beat(now)
         elif action < 0.55:
-            chunk = (index, digest(index) if name in t.duty else None)
-            nodes[name].beat(now, chunks=[chunk])
-            if t.holdings.holds(name, index):
-                held[name].add(index)
-                ever[name].add(index)
+            if wire == "runs" and name not in t.duty:
+                run = (index, rng.randrange(1, 4))
+                nodes[name].beat(now, runs=[run])
+                announced = list(range(index, min(16, index + run[1])))
+            else:
+                chunk = (index, digest(index) if name in t.duty else None)
+                nodes[name].beat(now, chunks=[chunk])
+                announced = [index]
+            for i in announced:
+                if t.holdings.holds(name, i):
+                    held[name].add(i)
+                    ever[name].add(i)
         elif action < 0.7 and held[name]:
             gone = rng.choice(sorted(held[name]))
             held[name].discard(gone)

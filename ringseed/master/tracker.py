@@ -74,7 +74,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import random
 import re
@@ -111,7 +110,20 @@ REASON = re.compile(r"[A-Z][A-Za-z0-9]{0,63}")
 REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}")
 HEX64 = re.compile(r"[0-9a-f]{64}")
 DIGITS = re.compile(r"[0-9]{1,10}")
-_dumps = functools.partial(json.dumps, separators=(",", ":"))
+_dumps = json.JSONEncoder(separators=(",", ":")).encode  # (one encoder: json.dumps with options builds one a call)
+
+
+def _encode(out: dict[str, Any]) -> str:
+    """A view reply as JSON, its ``hash_runs`` spliced in as text: base64 needs no escaping,
+    and the encoder's walk of it cost ~20 us per 8 KB (a paced reply at 10,000 agents)."""
+    runs = out.pop("hash_runs", None)
+    text = _dumps(out)
+    if not runs:
+        return text
+    spliced = ",".join(f'[{first:d},"{b64}"]' for first, b64 in runs)
+    return f'{text[:-1]},"hash_runs":[{spliced}]}}'
+
+
 REPLICA_KEY = aioweb.AppKey("tracker_replica", replica.SoftReplica)
 
 
@@ -329,7 +341,7 @@ def _view(view: tracker.View) -> dict[str, Any]:
     if view.levels:
         out["avail"] = {str(level): indices for level, indices in view.levels.items()}
     if view.hashes:
-        out["hash_runs"] = digests.pack(view.hashes)
+        out["hash_runs"] = digests.packed(view.hashes)
     if view.pulling:
         out["pulling"] = view.pulling
     if view.pulling_stopped:
@@ -527,7 +539,7 @@ class _Api:
             **_pace(reply.pace),
             **_view(reply.view),
         }
-        return aioweb.json_response(out, dumps=_dumps)
+        return aioweb.json_response(out, dumps=_encode)
 
     async def watch(self, request: aioweb.Request) -> aioweb.Response:
         self.metrics.inc("tracker_requests_total", endpoint="watch")
@@ -554,7 +566,7 @@ class _Api:
                 self.waiting.pop(ticket.id, None)
                 self.state.unwatch(ticket.id)
         view = self.state.view(node=node, since=since, epoch=epoch, now=time.monotonic())
-        return aioweb.json_response({"epoch": self.state.epoch, **_view(view)}, dumps=_dumps)
+        return aioweb.json_response({"epoch": self.state.epoch, **_view(view)}, dumps=_encode)
 
     def wake(self) -> None:
         """Answer the watches the last change woke."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 DIGEST_BYTES = 32
@@ -68,3 +68,48 @@ def unpack(runs: Any) -> dict[int, str]:
         for k in range(count):
             out[first + k] = raw[k * DIGEST_BYTES : (k + 1) * DIGEST_BYTES].hex()
     return out
+
+
+class Learned(Mapping[int, str]):
+    """The hashes of ``indices`` (ascending), read on demand from a store that keeps them both as
+    hex (``hexes``) and as binary digests (``raw``, 32 bytes per chunk): a reply packs its runs
+    straight from the binary (:meth:`runs`) without a hex string per hash; as a mapping it
+    reads the hex. The store must not change the digests of these chunks (a tracker's hashes
+    are set once per layout)."""
+
+    def __init__(self, indices: list[int], hexes: Sequence[str | None], raw: bytes | bytearray) -> None:
+        self._indices, self._hexes, self._raw = indices, hexes, raw
+        self._members: set[int] | None = None
+
+    def __getitem__(self, index: int) -> str:
+        if self._members is None:
+            self._members = set(self._indices)
+        if index not in self._members:
+            raise KeyError(index)
+        return self._hexes[index] or ""
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._indices)
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def runs(self) -> list[list[int | str]]:
+        """:func:`pack` of these hashes, from the binary digests."""
+        runs: list[list[int | str]] = []
+        raw, b64 = self._raw, base64.b64encode
+        first = last = -2
+        for index in self._indices:
+            if index != last + 1:
+                if last >= 0:
+                    runs.append([first, b64(raw[first * DIGEST_BYTES : (last + 1) * DIGEST_BYTES]).decode("ascii")])
+                first = index
+            last = index
+        if last >= 0:
+            runs.append([first, b64(raw[first * DIGEST_BYTES : (last + 1) * DIGEST_BYTES]).decode("ascii")])
+        return runs
+
+
+def packed(hashes: Mapping[int, str]) -> list[list[int | str]]:
+    """:func:`pack`, from the binary digests when ``hashes`` is :class:`Learned`."""
+    return hashes.runs() if isinstance(hashes, Learned) else pack(hashes)

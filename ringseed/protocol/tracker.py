@@ -93,7 +93,18 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ringseed.protocol import assignments, choice, holdings, manifest, pacing, tracker_log, tracker_view, trust, watches
+from ringseed.protocol import (
+    assignments,
+    choice,
+    digests,
+    holdings,
+    manifest,
+    pacing,
+    tracker_log,
+    tracker_view,
+    trust,
+    watches,
+)
 from ringseed.protocol import revision as revisions  # (``Tracker.revision`` is the current id)
 
 MAX_CHUNKS = 1 << 21  # 2 TiB at the smallest chunk size, 128 TiB at the default
@@ -181,7 +192,7 @@ class View:
     full: bool = False
     availability: list[int] | None = None
     levels: dict[int, list[int]] = field(default_factory=dict)
-    hashes: dict[int, str] = field(default_factory=dict)
+    hashes: Mapping[int, str] = field(default_factory=dict)
     pulling: list[int] = field(default_factory=list)
     pulling_stopped: list[int] = field(default_factory=list)
 
@@ -231,6 +242,8 @@ class Tracker:
         self.confirmed = False
         self.hashes: list[str | None] = []
         self._known = bytearray()  # 1 where the chunk's hash is known (checked per run in C)
+        self._raw = bytearray()  # the known hashes as binary digests, 32 bytes per chunk (replies pack from it)
+        self._raw_ok = True  # every known hash is in _raw
         self.holdings = holdings.Holdings()
         self.log = tracker_log.ChangeLog()
         self.watches = watches.Watches()
@@ -337,6 +350,8 @@ class Tracker:
         self.confirmed = False
         self.hashes = [None] * count
         self._known = bytearray(count)
+        self._raw = bytearray(digests.DIGEST_BYTES * count)
+        self._raw_ok = True
         self._digest = None
         self.holdings.reset(count)
         self._avail, self._level = [0] * count, [0] * count
@@ -348,6 +363,14 @@ class Tracker:
         if self.hashes[index] is None:
             self.hashes[index] = digest
             self._known[index] = 1
+            try:
+                raw = bytes.fromhex(digest)
+            except ValueError:
+                raw = b""
+            if len(raw) == digests.DIGEST_BYTES:
+                self._raw[index * digests.DIGEST_BYTES : (index + 1) * digests.DIGEST_BYTES] = raw
+            else:  # (not a hex SHA-256: the master refuses such, a direct caller may not; hex replies then)
+                self._raw_ok = False
             self.log.add(tracker_log.HASH, index)
 
     def _claim_hash(self, *, node: str, index: int, digest: str, restoring: bool) -> bool:
@@ -687,13 +710,17 @@ class Tracker:
             listed.sort()
         return View(version=version, levels=levels, hashes=hashes, pulling=pulling, pulling_stopped=stopped)
 
-    def _hashes_since(self, since: int | None, node: str) -> dict[int, str]:
+    def _hashes_since(self, since: int | None, node: str) -> Mapping[int, str]:
         """Hashes learned after version ``since`` (all when None, older than the layout or
-        unknown), of chunks ``node`` does not hold."""
+        unknown), of chunks ``node`` does not hold (read on demand: :class:`digests.Learned`)."""
         changed = self.log.since(tracker_log.HASH, since) if since is not None else None
         learned = changed if changed is not None else self.log.all(tracker_log.HASH)
-        mine, hashes = self.holdings.have_of(node), self.hashes
-        return {i: hashes[i] or "" for i in learned if not mine[i]}
+        mine = self.holdings.have_of(node)
+        lacked = sorted(i for i in learned if not mine[i])
+        if not lacked:
+            return {}
+        hashes = self.hashes
+        return digests.Learned(lacked, hashes, self._raw) if self._raw_ok else {i: hashes[i] or "" for i in lacked}
 
     # -- long-polls ----------------------------------------------------------------------
 

@@ -43,3 +43,26 @@ def test_runs_round_trip_and_cost_about_the_digest_itself() -> None:
 def test_bad_runs_are_refused_naming_the_problem(runs: object, named: str) -> None:
     with pytest.raises(digests.DigestError, match=named):
         digests.unpack(runs)
+
+
+def test_learned_packs_from_the_binary_digests_as_pack_does_and_reads_as_a_mapping() -> None:
+    hexes: list[str | None] = [format(i * 7919, "064x") for i in range(20)]
+    hexes[4] = None
+    raw = b"".join(bytes.fromhex(h) if h else bytes(32) for h in hexes)
+    indices = [0, 1, 2, 5, 6, 9, 19]
+    learned = digests.Learned(indices, hexes, raw)
+    plain = {i: hexes[i] or "" for i in indices}
+    assert learned == plain and dict(learned) == plain and len(learned) == 7
+    assert learned.runs() == digests.pack(plain) == digests.packed(learned)
+    assert digests.unpack(learned.runs()) == plain
+    assert 4 not in learned and digests.Learned([], hexes, raw).runs() == []
+
+
+def test_a_reply_with_hash_runs_spliced_in_is_the_json_of_the_whole() -> None:
+    import json
+
+    from ringseed.master import tracker as master
+
+    out = {"epoch": "e", "version": 3, "avail": {"1": [4, 5]}, "hash_runs": digests.pack({7: "ab" * 32, 8: "cd" * 32})}
+    assert json.loads(master._encode(dict(out))) == out
+    assert json.loads(master._encode({"epoch": "e"})) == {"epoch": "e"}

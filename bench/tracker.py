@@ -229,6 +229,8 @@ class Worker:
         keeps the pace it named)."""
         message: dict[str, Any] = {"node": name_of(agent), "since": since, "epoch": self.epoch, "load": 1}
         plain = [c[0] for c in chunks if c[1] is None]
+        if self.plan.wire == "runs":  # (as the agent since session 6: views' chunk lists as runs too)
+            message["index_runs"] = True
         if self.plan.wire == "runs" and plain:  # (the agent's announcements.pack, without its per-chunk step)
             message["chunks"] = [c for c in chunks if c[1] is not None]
             message["runs"] = announcements.runs_of(plain)
@@ -354,6 +356,8 @@ class Worker:
             since = self.since.get(agent)
             if self.plan.mode != "full":
                 body = {"node": name_of(agent), "since": since, "epoch": self.epoch, "chunks": [index], "wait": 5.0}
+                if self.plan.wire == "runs":
+                    body["index_runs"] = True
                 status, payload = await conn.request("POST", "/v1/watch", json.dumps(body).encode())
             else:
                 body = {"node": name_of(agent), "since": since, "epoch": self.epoch, "chunks": []}
@@ -763,7 +767,8 @@ def main() -> None:
         "--wire",
         default="runs",
         help="how agents announce chunks, comma-separated for rows side by side: items (one [index, hash, "
-        "from] per chunk, as before session 6) or runs ([first, count] runs and 16 sources per heartbeat)",
+        "from] per chunk, as before session 6) or runs ([first, count] runs and 16 sources per heartbeat, "
+        "and index_runs: the view's chunk lists as runs)",
     )
     parser.add_argument("--chunk-mib", type=int, default=CHUNK // MiB, help="chunk size of the 500 GB model (MiB)")
     parser.add_argument("--interval", type=float, default=2.0, help="heartbeat interval (the master's default)")

@@ -395,6 +395,7 @@ class Agent:
             told = {"chunks": [list(a) for a in batch]}
         body = dict(
             self.sync_state,
+            index_runs=True,  # (views' chunk lists as runs; a master of an older release sends lists)
             load=self.active_uploads,
             counters=self.counters(),
             **told,
@@ -461,13 +462,18 @@ class Agent:
             chunks.drop(self, index)
         if reply.get("availability") is not None:
             self.core.set_availability([int(n) for n in reply["availability"]])
-        pulling = [int(i) for i in reply.get("pulling", [])]
+        runs = reply.get("index_runs") is True  # chunk lists as [[first, count]] (announcements.expand)
+
+        def chunks_of(raw: Any, label: str) -> list[int]:
+            return announcements.expand(raw, label=label) if runs else [int(i) for i in raw]
+
+        pulling = chunks_of(reply.get("pulling", []), "pulling")
         if reply.get("full"):
             self.core.set_pulling(pulling)
         else:
-            self.core.pulling_changed(started=pulling, stopped=[int(i) for i in reply.get("pulling_stopped", [])])
+            self.core.pulling_changed(started=pulling, stopped=chunks_of(reply.get("pulling_stopped", []), "stopped"))
         if reply.get("avail"):
-            levels = {int(i): int(level) for level, indices in reply["avail"].items() for i in indices}
+            levels = {i: int(level) for level, raw in reply["avail"].items() for i in chunks_of(raw, "avail")}
             self.core.change_availability(levels)
         return True
 
@@ -476,7 +482,7 @@ class Agent:
         ``wait`` seconds (a long-poll, never a poll), and take the news in."""
         generation = self.generation
         wait = min(wait, watches.MAX_WAIT)  # (the pace's interval may be longer than a watch may last)
-        body = {**self.sync_state, "chunks": chunks, "wait": wait}
+        body = {**self.sync_state, "index_runs": True, "chunks": chunks, "wait": wait}
         try:
             reply = await self.tracker.watch(body, wait=wait)
         except tracker_client.TrackerClientError as exc:

@@ -33,6 +33,9 @@ lowercase hex SHA-256, node names 1-253 of ``[A-Za-z0-9._-]`` starting with a le
   ``runs`` announce chunks ``first .. first + count - 1`` (no hash, no source) in bulk and
   ``sources`` (at most ``MAX_SOURCES``) name where some of them came from
   (:mod:`ringseed.protocol.announcements`: a heartbeat of ~200 chunks is a run or two).
+  A body with ``index_runs: true`` (heartbeat or watch) gets the view's chunk lists (``avail``
+  values, ``pulling``, ``pulling_stopped``) as runs ``[[first, count]]``, and the reply says
+  ``index_runs: true``.
   ``dropped`` lists chunks the node no longer holds (processed before ``chunks``).
   ``problem`` is the node's current blocking problem (``reason`` CamelCase, at most 64
   characters; ``message`` one sentence, whitespace folded and cut to ``MAX_MESSAGE``
@@ -88,7 +91,17 @@ from aiohttp import web as aioweb
 from ringseed import web
 from ringseed.master import election as locks
 from ringseed.master import replica
-from ringseed.protocol import digests, election, manifest, pacing, revision, tracker, tracker_log, watches
+from ringseed.protocol import (
+    announcements,
+    digests,
+    election,
+    manifest,
+    pacing,
+    revision,
+    tracker,
+    tracker_log,
+    watches,
+)
 
 MAX_BODY_BYTES = 16 << 20
 MAX_INDEX = (1 << 31) - 1
@@ -333,19 +346,24 @@ def _epoch(body: dict[str, Any]) -> str | None:
     return web.text(body, "epoch", max_length=128, pattern=TOKEN, required=False, what="an epoch id")
 
 
-def _view(view: tracker.View) -> dict[str, Any]:
-    """The view's JSON (see the module docstring); empty parts are left out."""
+def _view(view: tracker.View, *, index_runs: bool = False) -> dict[str, Any]:
+    """The view's JSON (see the module docstring); empty parts are left out. ``index_runs``
+    (the node asked for them): ``avail``, ``pulling`` and ``pulling_stopped`` as runs
+    ``[[first, count]]``, and the reply says ``index_runs: true``."""
     out: dict[str, Any] = {"version": view.version, "full": view.full}
+    listed: Callable[[list[int]], list[Any]] = announcements.runs_of if index_runs else list
+    if index_runs:
+        out["index_runs"] = True
     if view.availability is not None:
         out["availability"] = view.availability
     if view.levels:
-        out["avail"] = {str(level): indices for level, indices in view.levels.items()}
+        out["avail"] = {str(level): listed(indices) for level, indices in view.levels.items()}
     if view.hashes:
         out["hash_runs"] = digests.packed(view.hashes)
     if view.pulling:
-        out["pulling"] = view.pulling
+        out["pulling"] = listed(view.pulling)
     if view.pulling_stopped:
-        out["pulling_stopped"] = view.pulling_stopped
+        out["pulling_stopped"] = listed(view.pulling_stopped)
     return out
 
 
@@ -537,7 +555,7 @@ class _Api:
             "revision": reply.revision,
             "revision_confirmed": reply.revision_confirmed,
             **_pace(reply.pace),
-            **_view(reply.view),
+            **_view(reply.view, index_runs=body.get("index_runs") is True),
         }
         return aioweb.json_response(out, dumps=_encode)
 
@@ -566,7 +584,8 @@ class _Api:
                 self.waiting.pop(ticket.id, None)
                 self.state.unwatch(ticket.id)
         view = self.state.view(node=node, since=since, epoch=epoch, now=time.monotonic())
-        return aioweb.json_response({"epoch": self.state.epoch, **_view(view)}, dumps=_encode)
+        out = {"epoch": self.state.epoch, **_view(view, index_runs=body.get("index_runs") is True)}
+        return aioweb.json_response(out, dumps=_encode)
 
     def wake(self) -> None:
         """Answer the watches the last change woke."""

@@ -10,6 +10,10 @@ Rules:
 - The others become ``runs`` ``[[first, count]]`` of consecutive indices (a node gets chunks
   mostly in order, so a paced heartbeat of ~200 chunks is a run or two: a few bytes to decode
   and O(1) checks per run at the tracker instead of a Python step per chunk, BENCHMARKS section 9).
+- The same runs carry a view's chunk lists to an agent that asks for them (``index_runs``):
+  ``avail`` levels, ``pulling``, ``pulling_stopped`` (pulls are claimed lowest index first and
+  levels move for the chunks at the front together, so the lists are runs); :func:`expand`
+  reads them back.
 - Where the chunks came from is evidence for :mod:`ringseed.protocol.trust` (a vouch per
   distinct source): ``sources`` ``[[index, node]]`` names each distinct source once, with the
   first chunk of the batch that came from it, at most ``MAX_SOURCES`` of them (the tracker takes
@@ -54,3 +58,21 @@ def runs_of(indices: Iterable[int]) -> list[list[int]]:
         else:
             runs.append([index, 1])
     return runs
+
+
+MAX_EXPANDED = 1 << 21  # chunks a list of runs may name (the tracker's MAX_CHUNKS)
+
+
+def expand(runs: object, *, label: str = "runs") -> list[int]:
+    """The indices of ``[[first, count]]`` runs, in order (ValueError naming the bad run)."""
+    if not isinstance(runs, list):
+        raise ValueError(f"{label} must be a list of [first, count]")
+    out: list[int] = []
+    for n, run in enumerate(runs):
+        if not isinstance(run, list) or len(run) != 2 or type(run[0]) is not int or type(run[1]) is not int:
+            raise ValueError(f"{label}[{n}] must be [first, count]")
+        first, count = run
+        if first < 0 or count < 1 or len(out) + count > MAX_EXPANDED:
+            raise ValueError(f"{label}[{n}] names chunks out of range")
+        out.extend(range(first, first + count))
+    return out

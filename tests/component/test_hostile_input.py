@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ringseed.master import coordinator, tracker
-from ringseed.protocol import manifest, revision
+from ringseed.protocol import announcements, manifest, revision
 from tests.component import served
 
 TOKEN = "t0ken"
@@ -227,6 +227,18 @@ def test_announced_runs_and_sources_are_checked(tracker_url: str) -> None:
     assert status == 400 and "at most 256" in answer["reason"], answer
     body = json.dumps({"node": "node-a", "runs": [[0, 1], [3, 2]], "sources": [[0, "never-registered"]]}).encode()
     assert call(tracker_url, "POST", "/v1/heartbeat", body)[0] == 200
+
+
+def test_a_node_that_asks_for_index_runs_gets_the_same_view_as_runs(tracker_url: str) -> None:
+    plain = call(tracker_url, "POST", "/v1/heartbeat", json.dumps({"node": "node-b"}).encode())[1]
+    body = json.dumps({"node": "node-b", "index_runs": True}).encode()
+    status, runs = call(tracker_url, "POST", "/v1/heartbeat", body)
+    assert status == 200 and runs["index_runs"] is True and "index_runs" not in plain
+    assert announcements.expand(runs.get("pulling", [])) == plain.get("pulling", [])
+    assert runs["availability"] == plain["availability"]  # (a snapshot's vector stays a vector)
+    watch = {"node": "node-b", "since": None, "epoch": plain["epoch"], "wait": 0, "index_runs": True}
+    status, answer = call(tracker_url, "POST", "/v1/watch", json.dumps(watch).encode())
+    assert status == 200 and answer["index_runs"] is True
 
 
 def test_problem_and_revision_reach_status_and_metrics(tracker_url: str) -> None:

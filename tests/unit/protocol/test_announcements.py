@@ -34,6 +34,16 @@ def test_pack_keeps_hashed_items_and_runs_the_rest_naming_each_source_once() -> 
     assert announcements.runs_of([]) == []
 
 
+def test_expand_reads_runs_back_and_names_a_bad_one() -> None:
+    import pytest
+
+    assert announcements.expand(announcements.runs_of([9, 3, 4, 5, 11, 10])) == [3, 4, 5, 9, 10, 11]
+    assert announcements.expand([]) == []
+    for bad in ({"0": 1}, [[0]], [[0, 0]], [[-1, 2]], [["0", 1]], [[0, True]], [[0, 1 << 22]]):
+        with pytest.raises(ValueError, match=r"pulling"):
+            announcements.expand(bad, label="pulling")
+
+
 def test_runs_hold_exactly_as_items_do() -> None:
     """Two trackers, one told chunk by chunk and one told in runs: the same holdings, counts,
     levels, bytes and pull completions, whatever the order and overlaps."""

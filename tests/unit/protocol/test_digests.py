@@ -66,3 +66,19 @@ def test_a_reply_with_hash_runs_spliced_in_is_the_json_of_the_whole() -> None:
     out = {"epoch": "e", "version": 3, "avail": {"1": [4, 5]}, "hash_runs": digests.pack({7: "ab" * 32, 8: "cd" * 32})}
     assert json.loads(master._encode(dict(out))) == out
     assert json.loads(master._encode({"epoch": "e"})) == {"epoch": "e"}
+
+
+def test_a_view_for_a_node_that_asked_for_index_runs_lists_chunks_as_runs() -> None:
+    from ringseed.master import tracker as master
+    from ringseed.protocol import tracker
+
+    view = tracker.View(version=4, levels={1: [3, 4, 5, 9], 2: [7]}, pulling=[10, 11], pulling_stopped=[2])
+    assert master._view(view, index_runs=True) == {
+        "version": 4,
+        "full": False,
+        "index_runs": True,
+        "avail": {"1": [[3, 3], [9, 1]], "2": [[7, 1]]},
+        "pulling": [[10, 2]],
+        "pulling_stopped": [[2, 1]],
+    }
+    assert master._view(view)["avail"] == {"1": [3, 4, 5, 9], "2": [7]}

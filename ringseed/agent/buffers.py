@@ -6,9 +6,14 @@ A :class:`Pool` hands out views of anonymous memory maps it keeps and reuses.
 
 Rules:
 - :meth:`Pool.take` returns a writable ``memoryview`` of exactly the length asked for, backed by
-  one of the pool's maps (``capacity`` bytes each; huge pages asked for with ``MADV_HUGEPAGE``
-  where the kernel offers it). Its contents are whatever the last user left: the caller fills
-  every byte it uses.
+  one of the pool's maps (``capacity`` bytes each, 4 KiB pages). Its contents are whatever the
+  last user left: the caller fills every byte it uses.
+- No ``MADV_HUGEPAGE``: a huge page is a free 2 MiB block, exactly what a virtual machine with
+  free page reporting has given back to its host, so its first touch is a host fault for every
+  page of it. Measured on such a machine (BENCHMARKS section 4, session 6): first touch 0.6-2.1
+  ns/B with huge pages, 0.4-0.5 with 4 KiB pages; with huge pages the pool's first use was half
+  a receiver's CPU for a 1 GiB model. A buffer is filled by ``recv_into`` and hashed sequentially,
+  so huge pages saved nothing measurable afterwards.
 - Nobody gives a buffer back. A map is reused only when the pool holds the last reference to it:
   every view of it (slices, views held by a worker thread, the memory tier, a response being
   written) keeps the map alive and referenced, so a buffer still read or written anywhere is
@@ -21,7 +26,6 @@ Rules:
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import sys
 
@@ -29,12 +33,7 @@ _FREE_REFS = 3  # the pool's list, the loop variable and getrefcount's own argum
 
 
 def _new_map(length: int) -> mmap.mmap:
-    area = mmap.mmap(-1, max(1, length), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if advice is not None and length >= 2 << 20:
-        with contextlib.suppress(OSError):  # a kernel without transparent huge pages: 4 KiB pages
-            area.madvise(advice)
-    return area
+    return mmap.mmap(-1, max(1, length), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
 class Pool:

@@ -28,7 +28,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:$PATH
-# libfuse 2 (fusepy loads it) and fusermount (fuse3 provides it): a TrainingGroup's data-mount
+# libfuse 2 (fusepy loads it), libfuse 3 (fuse3 depends on libfuse3-3: the dataset mount's low-level
+# server loads it with ctypes) and fusermount (fuse3 provides it): a TrainingGroup's data-mount
 # sidecar runs `ringseed mount` from this image, and its preStop hook `fusermount -u`.
 RUN apt-get update -qq \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libfuse2 fuse3 >/dev/null \

@@ -19,11 +19,13 @@ if [ $root -eq 1 ]; then
 fi
 bash hack/setup.sh
 export PATH="$PWD/.tools/bin:$PWD/.venv/bin:$PATH"
-if [ $root -eq 1 ] && command -v apt-get >/dev/null && ! ldconfig -p | grep -q 'libfuse\.so\.2'; then
-  # the FUSE mount's tests (tests/component/cache/test_fuse.py) need libfuse 2 (fusepy loads it)
+if [ $root -eq 1 ] && command -v apt-get >/dev/null \
+   && ! { ldconfig -p | grep -q 'libfuse\.so\.2' && ldconfig -p | grep -q 'libfuse3\.so\.3'; }; then
+  # the FUSE mount's tests (tests/component/cache/test_fuse.py) need libfuse 2 (fusepy loads it) and
+  # libfuse 3 (the dataset mount's low-level server loads it with ctypes; fuse3 depends on it)
   echo "== installing libfuse2 fuse3 (apt-get)"
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfuse2 fuse3 >/dev/null; } \
-    || echo "libfuse2 could not be installed: the FUSE tests will skip, naming it" >&2
+    || echo "libfuse2/fuse3 could not be installed: the FUSE tests will skip, naming it" >&2
 fi
 if [ $root -eq 1 ]; then
   (wait $base_job || true; bash hack/image.sh >>"$image_log" 2>&1) &

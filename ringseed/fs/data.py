@@ -29,7 +29,7 @@ from typing import Any
 
 from ringseed.fs import client as client_module
 from ringseed.fs import reading
-from ringseed.protocol import cacheobjects, datasets, revision
+from ringseed.protocol import cacheobjects, datasets, manifest, revision
 
 LEASE_MARGIN = 0.8  # use a chunk file for this share of its lease, then ask again
 
@@ -117,18 +117,25 @@ class DataView:
 class DataFile(reading.ChunkedReader):
     """One dataset file, opened at the view's current revision."""
 
-    def __init__(self, view: DataView, rel: str) -> None:
+    def __init__(
+        self, view: DataView, rel: str, *, at: tuple[revision.Revision, str, manifest.FileEntry] | None = None
+    ) -> None:
+        """File ``rel`` of the view's current revision, or ``at`` a given one: ``(revision, its id, rel's entry)``."""
         super().__init__()
-        rev, rev_id = view.current()
-        if rel not in view.entries:
-            view.info(rel)  # raises FileNotFoundError naming it
-            raise IsADirectoryError(errno.EISDIR, f"{rel!r} is a directory in dataset {view.source!r}")
+        if at is None:
+            rev, rev_id = view.current()
+            if rel not in view.entries:
+                view.info(rel)  # raises FileNotFoundError naming it
+                raise IsADirectoryError(errno.EISDIR, f"{rel!r} is a directory in dataset {view.source!r}")
+            entry = view.entries[rel]
+        else:
+            rev, rev_id, entry = at
         self.view = view
         self.path = f"{cacheobjects.DATA_ROOT}/{view.source}/{rel}"
         self.rev_id = rev_id
         self.identity = f"revision {rev_id}"
-        self.size = view.entries[rel].size
-        self.segments = datasets.segments(rev.layout, view.entries[rel])  # by entry: no scan of the listing
+        self.size = entry.size
+        self.segments = datasets.segments(rev.layout, entry)  # by entry: no scan of the listing
         self.spans = cacheobjects.spans(s.length for s in self.segments)
 
     def _locate(self, index: int) -> tuple[int, int]:

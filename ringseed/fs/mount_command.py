@@ -2,16 +2,23 @@
 
 Owns the command. It reaches the node's agent like the SDK (``RINGSEED_CACHE_SOCKET``,
 ``RINGSEED_TOKEN``, or ``--socket``/``--token-file``), runs in the foreground until the mount is
-unmounted (``umount MOUNTPOINT`` or ``fusermount -u``) or it gets SIGTERM/SIGINT. Needs
-``/dev/fuse``, libfuse 2 (``apt-get install libfuse2``) and the ``fuse`` extra (fusepy).
+unmounted (``umount MOUNTPOINT`` or ``fusermount -u``) or it gets SIGTERM/SIGINT. Needs ``/dev/fuse``.
+
+Two servers (``--driver``): a dataset mount (``--root data...``) is served on libfuse 3's
+low-level API (:mod:`ringseed.fs.datamount`: ``libfuse3.so.3``, from ``fuse3``; no round trip per
+open) where it can be, else, and for the rest of the tree (checkpoints, writes), by fusepy over
+libfuse 2 (:mod:`ringseed.fs.fuse`: the ``fuse`` extra and ``apt-get install libfuse2``).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from ringseed import cmdline
+
+log = logging.getLogger(__name__)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -23,21 +30,59 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--attr-timeout",
         type=cmdline.positive_seconds,
         default=None,
-        help="seconds the kernel keeps names and sizes (default: 1; under data/, the datasets' staleness period)",
+        help="seconds the kernel keeps names and sizes (default: 1; under data/, the datasets' staleness period, "
+        "or with the libfuse3 driver a day: it is told of each new revision)",
+    )
+    parser.add_argument(
+        "--driver",
+        choices=("auto", "libfuse3", "fusepy"),
+        default="auto",
+        help="the FUSE server: libfuse3 (low-level; datasets only), fusepy (libfuse 2; the whole tree), or "
+        "auto: libfuse3 for a dataset root where libfuse 3 loads, else fusepy",
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def _lowlevel(root: str, driver: str) -> bool:
+    """Whether to serve with libfuse 3's low-level API (``ValueError`` naming why it cannot when asked for)."""
+    from ringseed.fs import libfuse3
+    from ringseed.protocol import cacheobjects
+
+    if driver == "fusepy":
+        return False
+    if not cacheobjects.is_data(root):
+        if driver == "libfuse3":
+            raise ValueError(f"--driver libfuse3 serves datasets only (--root data[/<name>]), not {root or '/'!r}")
+        return False
     try:
-        from ringseed.fs import fuse, spec
-    except (ImportError, OSError) as exc:  # fusepy missing, or libfuse not installed
-        print(f"ringseed mount: FUSE is not available here: {exc}", file=sys.stderr)
-        return 2
+        libfuse3.load()
+    except libfuse3.Unavailable as exc:
+        if driver == "libfuse3":
+            raise ValueError(str(exc)) from None
+        log.warning("ringseed mount: %s; serving with fusepy (a round trip per open)", exc)
+        return False
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    root = args.root.strip("/")
     try:
         token = cmdline.read_token(args.token_file)
+        lowlevel = _lowlevel(root, args.driver)
     except ValueError as exc:
         print(f"ringseed mount: {exc}", file=sys.stderr)
         return 2
+    from ringseed.fs import spec
+
     filesystem = spec.RingseedFileSystem(socket=args.socket, token=token)
-    fuse.mount(filesystem, args.mountpoint, root=args.root.strip("/"), attr_timeout=args.attr_timeout)
+    if lowlevel:
+        from ringseed.fs import datamount
+
+        datamount.mount(filesystem, args.mountpoint, root=root, attr_timeout=args.attr_timeout)
+        return 0
+    try:
+        from ringseed.fs import fuse
+    except (ImportError, OSError) as exc:  # fusepy missing, or libfuse not installed
+        print(f"ringseed mount: FUSE is not available here: {exc}", file=sys.stderr)
+        return 2
+    fuse.mount(filesystem, args.mountpoint, root=root, attr_timeout=args.attr_timeout)
     return 0

@@ -81,8 +81,10 @@ def test_default_target_has_no_torch(built: images.Images) -> None:
 
 
 def test_default_target_can_run_the_data_mount_sidecar(built: images.Images) -> None:
-    """The sidecar (builders_cache.mount_sidecars) runs ``ringseed mount`` (fusepy over libfuse 2) and
-    unmounts with ``fusermount -u`` on preStop: both must be in the image, not only on a dev machine."""
-    code = "import fuse, shutil; print(fuse.__name__, bool(shutil.which('fusermount')))"
-    assert run(built.tag("runtime"), "-c", code, entrypoint="python").split() == ["fuse", "True"]
+    """The sidecar (builders_cache.mount_sidecars) runs ``ringseed mount`` (a dataset mount: libfuse 3's
+    low-level API through ctypes; fusepy over libfuse 2 the fallback) and unmounts with ``fusermount -u``
+    on preStop: all must be in the image, not only on a dev machine."""
+    code = ("import fuse, shutil; from ringseed.fs import libfuse3; libfuse3.load(); "
+            "print(fuse.__name__, bool(shutil.which('fusermount')), 'libfuse3')")  # fmt: skip
+    assert run(built.tag("runtime"), "-c", code, entrypoint="python").split() == ["fuse", "True", "libfuse3"]
     assert "usage" in run(built.tag("runtime"), "mount", "--help").lower()

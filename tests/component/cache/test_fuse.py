@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ringseed.fs import reading
+from ringseed.fs import datamount, libfuse3, reading, spec
 from ringseed.local import cacheswarm
 
 MiB = 1 << 20
@@ -24,14 +24,24 @@ def _fuse_problem() -> str | None:
         return "not root: mounting FUSE needs root here"
     if not Path("/dev/fuse").exists():
         return "no /dev/fuse"
+    return None
+
+
+def _driver_problem(driver: str) -> str | None:
     try:
-        import fuse  # noqa: F401
-    except (ImportError, OSError) as exc:
-        return f"fusepy or libfuse2 missing ({exc}); apt-get install libfuse2"
+        if driver == "fusepy":
+            import fuse  # noqa: F401
+        else:
+            libfuse3.load()
+    except (ImportError, OSError, libfuse3.Unavailable) as exc:
+        return f"{driver}: {exc} (apt-get install libfuse2 fuse3)"
     return None
 
 
 pytestmark = pytest.mark.skipif(_fuse_problem() is not None, reason=_fuse_problem() or "")
+needs_fusepy = pytest.mark.skipif(_driver_problem("fusepy") is not None, reason=_driver_problem("fusepy") or "")
+needs_libfuse3 = pytest.mark.skipif(_driver_problem("libfuse3") is not None, reason=_driver_problem("libfuse3") or "")
+DRIVERS = [pytest.param("fusepy", marks=needs_fusepy), pytest.param("libfuse3", marks=needs_libfuse3)]
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +95,7 @@ def leader_meta(swarm: cacheswarm.CacheSwarm, path: str) -> dict[str, object]:
     return swarm._get(f"{swarm.master_urls[status]}/v1/cache/stat?path={path}")  # type: ignore[no-any-return]
 
 
+@needs_fusepy
 def test_posix_writes_and_reads_through_the_mount(mounted: Path, swarm: cacheswarm.CacheSwarm) -> None:
     data = os.urandom(20 * MiB + 3)
 
@@ -109,6 +120,7 @@ def test_posix_writes_and_reads_through_the_mount(mounted: Path, swarm: cacheswa
     assert status is not None and status["received_bytes"] >= len(data)  # replicated before close returned
 
 
+@needs_fusepy
 def test_refusals_keep_their_errno(mounted: Path) -> None:
     def posix() -> None:
         (mounted / "a.bin").write_bytes(b"once")
@@ -126,6 +138,7 @@ def test_refusals_keep_their_errno(mounted: Path) -> None:
     posix()
 
 
+@needs_fusepy
 def test_torch_save_and_load_on_plain_paths(mounted: Path) -> None:
     torch = pytest.importorskip("torch", reason="torch is not installed")
     sd = {"w": torch.arange(100_000, dtype=torch.float32)}
@@ -139,6 +152,7 @@ def test_torch_save_and_load_on_plain_paths(mounted: Path) -> None:
     assert torch.equal(back["w"], sd["w"])  # type: ignore[index]
 
 
+@needs_fusepy
 def test_datasets_are_files_under_the_mount(mounted: Path) -> None:
     names = sorted(os.listdir(mounted / "data" / "toy" / "train"))
     assert len(names) == 50 and names[0] == "000.txt"
@@ -155,6 +169,7 @@ def _memory_hits(swarm: cacheswarm.CacheSwarm) -> int:
     return int(status["sources"]["memory"])
 
 
+@needs_fusepy
 def test_a_file_read_again_comes_from_the_page_cache_and_a_rewrite_is_read_anew(
     mounted: Path, swarm: cacheswarm.CacheSwarm
 ) -> None:
@@ -176,6 +191,7 @@ class _Reader(reading.ChunkedReader):
         self.path, self.identity, self.size, self.spans = path, identity, 0, []
 
 
+@needs_fusepy
 def test_the_page_cache_is_kept_only_for_the_same_content_and_bypassed_while_two_are_open() -> None:
     from ringseed.fs import fuse
 
@@ -208,7 +224,8 @@ def _replace(path: Path, data: bytes, mtime: float) -> None:
     staged.rename(path)
 
 
-def test_a_dataset_mount_reads_a_changed_source_anew_and_never_a_mix(tmp_path: Path) -> None:
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_dataset_mount_reads_a_changed_source_anew_and_never_a_mix(tmp_path: Path, driver: str) -> None:
     source = tmp_path / "source"
     source.mkdir()
     same, grown = source / "same.bin", source / "grown.bin"
@@ -224,7 +241,7 @@ def test_a_dataset_mount_reads_a_changed_source_anew_and_never_a_mix(tmp_path: P
         (tmp_path / "m").mkdir()
         # the kernel keeps sizes far longer than the listing stays current: opens see the new
         # revision while the kernel still holds the old size (and pages)
-        with _mount(local, tmp_path / "m", "--root", "data", "--attr-timeout", "600") as point:
+        with _mount(local, tmp_path / "m", "--root", "data", "--attr-timeout", "600", "--driver", driver) as point:
             assert os.statvfs(point).f_flag & os.ST_RDONLY  # a dataset mount is read-only
             for _ in range(2):  # the second read from the kernel's pages
                 for path, data in old.items():
@@ -242,4 +259,97 @@ def test_a_dataset_mount_reads_a_changed_source_anew_and_never_a_mix(tmp_path: P
                 time.sleep(0.1)
             assert {path: (point / "toy" / path.name).read_bytes() for path in new} == new
     finally:
+        local.close()
+
+
+@needs_libfuse3
+def test_the_low_level_dataset_mount_lists_reads_and_refuses_writes(
+    swarm: cacheswarm.CacheSwarm, tmp_path: Path
+) -> None:
+    with _mount(swarm, tmp_path, "--root", "data/toy", "--driver", "libfuse3") as point:
+        names = sorted(os.listdir(point / "train"))
+        assert len(names) == 50 and names[0] == "000.txt"
+        assert (point / "train" / "007.txt").read_text() == "sample 7\n" * 8
+        assert (point / "train" / "049.txt").stat().st_size == len("sample 49\n") * 50
+        with open(point / "train" / "010.txt", "rb") as f:
+            f.seek(30)
+            assert f.read(9) == b"sample 10"
+        with pytest.raises(FileNotFoundError):
+            (point / "train" / "missing.txt").read_bytes()
+        with pytest.raises(OSError) as caught:
+            (point / "new.txt").write_text("no")
+        assert caught.value.errno == errno.EROFS
+        with pytest.raises(OSError) as caught, open(point / "train" / "007.txt", "r+b"):
+            pass
+        assert caught.value.errno == errno.EROFS
+
+
+def test_the_low_level_mount_refuses_what_it_cannot_serve(swarm: cacheswarm.CacheSwarm, tmp_path: Path) -> None:
+    env = dict(os.environ, **swarm.env_for("node-0"))
+    (tmp_path / "m").mkdir()
+    done = subprocess.run([sys.executable, "-m", "ringseed.cli", "mount", str(tmp_path / "m"), "--driver", "libfuse3"],
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and "serves datasets only" in done.stderr
+    with pytest.raises(ValueError, match="datasets only"):
+        datamount.DataMount(spec.RingseedFileSystem(**_sdk(swarm)), "ckpt")
+
+
+def _sdk(swarm: cacheswarm.CacheSwarm) -> dict[str, str]:
+    env = swarm.env_for("node-0")
+    return {"socket": env["RINGSEED_CACHE_SOCKET"], "token": env.get("RINGSEED_TOKEN", "")}
+
+
+@needs_libfuse3
+def test_a_warm_pass_costs_no_request_and_a_new_revision_is_told_to_the_kernel(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    (source / "d").mkdir(parents=True)
+    files = {f"d/{i:02d}.bin": os.urandom(10_000 + i) for i in range(20)}
+    for name, data in files.items():
+        _replace(source / name, data, time.time() - 100)
+    local = cacheswarm.CacheSwarm(nodes=1, workdir=tmp_path / "swarm", chunk_size=8 * MiB,
+                                  data={"toy": f"file://{source}"}, list_ttl=1.0)  # fmt: skip
+    point = tmp_path / "mnt"
+    point.mkdir()
+    try:
+        local.start()
+        local.wait_ready(timeout=60)
+        # the kernel keeps names for a day: only the mount's notifications can make it see a change
+        server = datamount.DataMount(spec.RingseedFileSystem(**_sdk(local)), "data/toy", threads=4)
+        server.start(str(point))
+        try:
+            for name, data in files.items():
+                assert (point / name).read_bytes() == data
+            warm = dict(server.calls)
+            for name, data in files.items():
+                assert (point / name).read_bytes() == data
+                assert (point / name).stat().st_size == len(data)
+            assert server.calls == warm  # names, attributes, opens and bytes: all from the kernel
+            if server.capable & libfuse3.CAP_NO_OPEN_SUPPORT:
+                assert server.calls["open"] == 1  # answered ENOSYS once: the kernel opens files itself
+
+            kept_ino = (point / "d/00.bin").stat().st_ino
+            held = open(point / "d/05.bin", "rb")  # noqa: SIM115 (open across the change: keeps its revision's bytes)
+            new = os.urandom(30_000)
+            _replace(source / "d/05.bin", new, time.time())
+            (source / "d/19.bin").unlink()
+            _replace(source / "d/new.bin", b"added", time.time())
+            deadline = time.monotonic() + 30
+            while (point / "d/05.bin").read_bytes() != new:
+                assert time.monotonic() < deadline, "the new revision did not reach the kernel"
+                time.sleep(0.1)
+            assert held.read() == files["d/05.bin"]  # the whole old content, not the new size or bytes
+            held.close()
+            assert not (point / "d/19.bin").exists()
+            assert (point / "d/new.bin").read_bytes() == b"added"
+            assert sorted(os.listdir(point / "d")) == sorted([*(n[2:] for n in files if n != "d/19.bin"), "new.bin"])
+            assert server.calls["told entry"] >= 2  # the changed file's name and the removed one's
+            reads = server.calls["read"]
+            assert (point / "d/00.bin").read_bytes() == files["d/00.bin"]
+            assert (point / "d/00.bin").stat().st_ino == kept_ino  # the same content keeps its inode
+            assert server.calls["read"] == reads  # and its cached pages
+        finally:
+            server.close()
+        assert not os.path.ismount(point)
+    finally:
+        subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
         local.close()

@@ -2,8 +2,9 @@
 
 Owns the read-only mount of the datasets (``data/`` or one dataset below it) served from
 :class:`ringseed.fs.data.DataView` revisions, for training readers that open many small files:
-once a file's name, attributes and bytes are in the kernel, opening and reading it again costs
-no request to this process.
+once a file's name, attributes and bytes are in the kernel, opening and reading it again calls
+no Python code here (``os.open``/``os.read`` cost no request at all; Python's ``open()`` costs one
+``IOCTL``, answered in libfuse: see below).
 
 Rules:
 - Inodes are per content: a file's inode stands for one path *and* one content (its size and the
@@ -27,9 +28,13 @@ Rules:
 - The mount is read-only (``ro``); ``FLUSH`` is answered ``ENOSYS`` by libfuse (the kernel stops
   sending it). Errors keep the errno the SDK raised (``ENOENT``, ``ESTALE``, ``EIO`` when the
   agent is unreachable, ``EACCES`` for a name that leaves the tree).
-- Requests are served by ``threads`` Python threads reading ``/dev/fuse`` (libfuse's
-  ``fuse_session_receive_buf``/``process_buf``); notifications are sent by the watcher thread
-  only (a notification sent from a request's thread can deadlock against the kernel's locks).
+- Requests are served by libfuse's own threads (``fuse_session_loop_mt``), so what needs no
+  callback never waits for Python: the ``IOCTL`` the kernel sends for every ``open()`` in Python
+  (its ``isatty`` check; the kernel caches no answer to it) is answered ``ENOSYS`` in C. Callbacks
+  keep their thread's Python state (:func:`ringseed.fs.libfuse3.keep_thread_state`). Where that
+  loop is missing, ``threads`` Python threads read ``/dev/fuse`` (``fuse_session_receive_buf``/
+  ``process_buf``). Notifications are sent by the watcher thread only (one sent from a request's
+  thread can deadlock against the kernel's locks).
 """
 
 from __future__ import annotations
@@ -287,6 +292,7 @@ class DataMount:
 
         def guarded(kind: str, body: Any) -> Any:
             def run(req: int, *args: Any) -> None:
+                libfuse3.keep_thread_state()
                 self.calls[kind] += 1
                 try:
                     body(req, *args)
@@ -299,6 +305,7 @@ class DataMount:
             return run
 
         def init(userdata: int, conn: Any) -> None:
+            libfuse3.keep_thread_state()
             self.capable = conn.contents.capable
 
         def lookup(req: int, parent: int, name: bytes) -> None:
@@ -311,6 +318,7 @@ class DataMount:
                     self._nodes.setdefault(node.ino, node)  # (forgotten meanwhile: known again)
 
         def forget(req: int, ino: int, count: int) -> None:
+            libfuse3.keep_thread_state()
             with self._lock:
                 node = self._nodes.get(ino)
                 if node is not None and ino != ROOT_INO:
@@ -389,11 +397,23 @@ class DataMount:
             self.lib.fuse_session_destroy(session)
             raise OSError(errno.EIO, f"could not mount at {mountpoint!r} (is /dev/fuse there, and are we allowed?)")
         self._session = session
-        self._workers = [threading.Thread(target=self._serve_requests, name=f"fuse-{i}", daemon=True)
-                         for i in range(self.threads)]  # fmt: skip
+        if getattr(self.lib, "fuse_session_loop_mt_31", None) is not None:
+            # libfuse's threads: a request no callback is set for (the IOCTL of every Python open()'s
+            # isatty, answered ENOSYS) never waits for Python
+            self._workers = [threading.Thread(target=self._serve_in_libfuse, name="fuse-loop", daemon=True)]
+        else:
+            self._workers = [threading.Thread(target=self._serve_requests, name=f"fuse-{i}", daemon=True)
+                             for i in range(self.threads)]  # fmt: skip
         self._workers.append(threading.Thread(target=self._watch, name="fuse-watch", daemon=True))
         for thread in self._workers:
             thread.start()
+
+    def _serve_in_libfuse(self) -> None:
+        try:
+            self.lib.fuse_session_loop_mt_31(self._session, 0)
+        finally:
+            self._stopping.set()
+            self._wake.set()
 
     def _serve_requests(self) -> None:
         buf = libfuse3.Buf()

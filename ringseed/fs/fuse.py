@@ -38,9 +38,7 @@ Rules:
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import itertools
 import logging
 import os
 import stat
@@ -51,7 +49,7 @@ from typing import Any
 
 from fuse import FUSE, FuseOSError, Operations
 
-from ringseed.fs import data, files, reading, spec
+from ringseed.fs import data, files, libfuse3, reading, spec
 from ringseed.protocol import cacheobjects as objects
 
 log = logging.getLogger(__name__)
@@ -60,25 +58,7 @@ CACHED_PATHS = 1 << 17
 ATTR_TIMEOUT = 1.0  # seconds the kernel trusts a name's attributes (libfuse's default, said out loud)
 
 
-_PINNED = threading.local()
-_pinned_count = itertools.count()
-PINNED_THREADS = 64  # libfuse's worker threads whose Python thread state is kept (a bound on what is never freed)
-
-
-def _keep_thread_state() -> None:
-    """Keep this libfuse worker thread's Python thread state between callbacks.
-
-    A callback from a thread Python did not start creates a thread state on entry and destroys it on
-    return (ctypes' ``PyGILState_Ensure``/``Release``): per FUSE request, a third of the mount's CPU in
-    a second epoch over small files. One more ``Ensure`` that is never released keeps it; the first
-    ``PINNED_THREADS`` threads only, as a state is not freed when its thread ends.
-    """
-    if getattr(_PINNED, "kept", False):  # (thread-local data lives in the thread state: kept with it)
-        return
-    if threading.get_ident() == threading.main_thread().ident or next(_pinned_count) >= PINNED_THREADS:
-        return
-    ctypes.pythonapi.PyGILState_Ensure()
-    _PINNED.kept = True
+_keep_thread_state = libfuse3.keep_thread_state  # (fusepy's threads are libfuse's too)
 
 
 def _errno(exc: BaseException) -> int:

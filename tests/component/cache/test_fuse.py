@@ -323,7 +323,7 @@ def test_a_warm_pass_costs_no_request_and_a_new_revision_is_told_to_the_kernel(t
             for name, data in files.items():
                 assert (point / name).read_bytes() == data
                 assert (point / name).stat().st_size == len(data)
-            assert server.calls == warm  # names, attributes, opens and bytes: all from the kernel
+            assert server.calls == warm  # names, attributes, opens, bytes: no callback (isatty's IOCTL: libfuse's)
             if server.capable & libfuse3.CAP_NO_OPEN_SUPPORT:
                 assert server.calls["open"] == 1  # answered ENOSYS once: the kernel opens files itself
 

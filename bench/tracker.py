@@ -36,6 +36,11 @@ shared: CPU per request is the robust figure, latencies include every wait for a
     .venv/bin/python -m bench.tracker [--nodes 1000,10000] [--modes delta,paced] [--rate 1000]
         [--chunk-mib 64] [--peer-queries] [--warmup 20] [--measure 30] [--interval 2] [--workers 2]
         [--tracker-core 0 --load-core 1] [--json FILE] [--profile FILE]
+
+With ``--stalls`` and ``BENCH_GC_YOUNG=1`` in the environment, the tracker's stalls record also
+keeps, for each young collection over 20 ms of CPU, how many objects it walked and the largest
+containers among them (``slow_young``); the probe walks the generation at every collection, so
+that run's latencies are not figures.
 """
 
 from __future__ import annotations
@@ -467,12 +472,25 @@ def shim_main(out: str, argv: list[str]) -> int:
 
     cpu = [0.0]
 
+    # BENCH_GC_YOUNG=1: what each young collection walked (object count, the largest containers),
+    # kept for the slow ones; it walks the generation at every collection, so latencies are not figures then
+    young: list[Any] = [None]
+    slow_young: list[Any] = []
+    probe = os.environ.get("BENCH_GC_YOUNG") == "1"
+
     def on_gc(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
+            if probe and info["generation"] < 2:
+                objects = gc.get_objects(generation=info["generation"])
+                sizes = sorted(((len(o), type(o).__name__) for o in objects if hasattr(o, "__len__")), reverse=True)
+                young[0] = (len(objects), sizes[:5])
+                del objects
             started[0], cpu[0] = time.perf_counter(), time.thread_time()
         elif time.perf_counter() - started[0] > 0.001:
             wall, spent = time.perf_counter() - started[0], time.thread_time() - cpu[0]
             pauses.append((time.time(), info["generation"], wall, spent))
+            if probe and info["generation"] < 2 and spent > 0.02:
+                slow_young.append((time.time(), info["generation"], spent, young[0], info["collected"]))
 
     freeze_every = float(os.environ.get("BENCH_GC_FREEZE_EVERY", "0"))
 
@@ -495,6 +513,7 @@ def shim_main(out: str, argv: list[str]) -> int:
         tracked = collections.Counter(type(o).__name__ for o in gc.get_objects()).most_common(12)
         sizes = [len(gc.get_objects(generation=g)) for g in range(3)]
         data = {"lags": lags, "gc": pauses, "ticks": ticks[0], "tracked": tracked, "generations": sizes}
+        data["slow_young"] = slow_young
         Path(out).write_text(json.dumps(data))
 
     gc.callbacks.append(on_gc)

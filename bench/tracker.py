@@ -492,19 +492,10 @@ def shim_main(out: str, argv: list[str]) -> int:
             if probe and info["generation"] < 2 and spent > 0.02:
                 slow_young.append((time.time(), info["generation"], spent, young[0], info["collected"]))
 
-    freeze_every = float(os.environ.get("BENCH_GC_FREEZE_EVERY", "0"))
-
-    async def freezer() -> None:  # (an experiment: the tracker's survivors out of the collector's walks)
-        while True:
-            await asyncio.sleep(freeze_every)
-            gc.freeze()
-
     class Policy(asyncio.DefaultEventLoopPolicy):
         def new_event_loop(self) -> asyncio.AbstractEventLoop:
             loop = super().new_event_loop()
             loop.call_soon(lambda: loop.create_task(ticker()))
-            if freeze_every > 0:
-                loop.call_soon(lambda: loop.create_task(freezer()))
             return loop
 
     def dump() -> None:
@@ -595,7 +586,7 @@ def run_one(
 ) -> dict[str, Any]:
     token = secrets.token_hex(16)
     port = free_port()
-    env = dict(os.environ, RINGSEED_TOKEN=token, PYTHONPATH=str(ROOT), BENCH_GC_FREEZE_EVERY=str(gc_freeze_every))
+    env = dict(os.environ, RINGSEED_TOKEN=token, PYTHONPATH=str(ROOT))
     niced = ["nice", "-n", str(nice)] if nice else []  # (below 0: ahead of the machine's other work)
     argv = [*niced, "taskset", "-c", tracker_core, sys.executable]
     if profile is not None:  # the tracker's own profile, written when it is interrupted
@@ -608,6 +599,8 @@ def run_one(
     argv += ["--heartbeat-replies", "full" if plan.mode == "full" else "delta"]
     argv += ["--heartbeat-rate", str(plan.rate if plan.mode == "paced" else 0)]
     argv += ["--heartbeat-jitter", str(plan.jitter)]
+    if gc_freeze_every > 0:
+        argv += ["--gc-freeze-every", str(gc_freeze_every)]
     tracker = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_healthy(port)
@@ -816,7 +809,7 @@ def main() -> None:
         "--gc-freeze-every",
         type=float,
         default=0.0,
-        help="with --stalls, an experiment: the tracker calls gc.freeze() every this many seconds (0: never)",
+        help="the tracker's --gc-freeze-every (its collector policy since session 6; 0: Python's own)",
     )
     parser.add_argument("--shim", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -110,6 +110,17 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def non_negative_seconds(text: str) -> float:
+    """A finite number of seconds, 0 or more (0: off)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds, 0 or more")
+    return value
+
+
 def read_token(token_file: str | None) -> str | None:
     """The group token from ``token_file`` (stripped) or ``RINGSEED_TOKEN``; the file wins.
 

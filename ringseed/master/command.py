@@ -60,6 +60,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "instead of heartbeating in waves (0: none)",
     )
     parser.add_argument(
+        "--gc-freeze-every",
+        type=cmdline.non_negative_seconds,
+        default=0.0,
+        help="tracker: gc.freeze() every this many seconds, so young collections walk only what is new "
+        "since (a keep-alive server piles survivors there); unfrozen and fully collected every "
+        "--gc-full-every (0: Python's own policy)",
+    )
+    parser.add_argument(
+        "--gc-full-every",
+        type=cmdline.positive_seconds,
+        default=600.0,
+        help="tracker: with --gc-freeze-every, seconds between full collections (frees the cyclic garbage "
+        "frozen meanwhile)",
+    )
+    parser.add_argument(
         "--front-seats",
         type=cmdline.non_negative_int,
         default=pacing.DEFAULT_FRONT_SEATS,
@@ -131,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
             early_gap=args.early_gap,
             front_seats=args.front_seats,
             heartbeat_jitter=args.heartbeat_jitter,
+            gc_freeze_every=args.gc_freeze_every,
+            gc_full_every=args.gc_full_every,
         )
     else:
         from ringseed.master import coordinator  # type: ignore[attr-defined,unused-ignore]

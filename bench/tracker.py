@@ -582,7 +582,7 @@ def run_one(
     profile: str | None = None,
     stalls: bool = False,
     nice: int = 0,
-    gc_freeze_every: float = 0.0,
+    gc_freeze_every: float | None = None,
 ) -> dict[str, Any]:
     token = secrets.token_hex(16)
     port = free_port()
@@ -599,7 +599,7 @@ def run_one(
     argv += ["--heartbeat-replies", "full" if plan.mode == "full" else "delta"]
     argv += ["--heartbeat-rate", str(plan.rate if plan.mode == "paced" else 0)]
     argv += ["--heartbeat-jitter", str(plan.jitter)]
-    if gc_freeze_every > 0:
+    if gc_freeze_every is not None:  # (None: the master's default)
         argv += ["--gc-freeze-every", str(gc_freeze_every)]
     tracker = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -808,8 +808,9 @@ def main() -> None:
     parser.add_argument(
         "--gc-freeze-every",
         type=float,
-        default=0.0,
-        help="the tracker's --gc-freeze-every (its collector policy since session 6; 0: Python's own)",
+        default=None,
+        help="the tracker's --gc-freeze-every (its collector policy since session 6; default: the master's, "
+        "0.25 s; 0: Python's own)",
     )
     parser.add_argument("--shim", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

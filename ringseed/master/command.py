@@ -62,7 +62,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gc-freeze-every",
         type=cmdline.non_negative_seconds,
-        default=0.0,
+        default=0.25,  # (BENCHMARKS section 9, session 6: young collections of 120-200 ms -> 3 ms at 10,000 agents)
         help="tracker: gc.freeze() every this many seconds, so young collections walk only what is new "
         "since (a keep-alive server piles survivors there); unfrozen and fully collected every "
         "--gc-full-every (0: Python's own policy)",

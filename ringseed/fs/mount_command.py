@@ -34,6 +34,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "or with the libfuse3 driver a day: it is told of each new revision)",
     )
     parser.add_argument(
+        "--list-ttl",
+        type=cmdline.positive_seconds,
+        default=None,
+        help="under data/: the datasets' staleness period, for when the agent cannot tell it yet; the fusepy "
+        "driver keeps names and sizes that long (the libfuse3 driver keeps them a day and is told of changes)",
+    )
+    parser.add_argument(
         "--driver",
         choices=("auto", "libfuse3", "fusepy"),
         default="auto",
@@ -63,11 +70,25 @@ def _lowlevel(root: str, driver: str) -> bool:
     return True
 
 
+def _fusepy_timeout(root: str, *, attr_timeout: float | None, list_ttl: float | None) -> float | None:
+    """The fusepy driver's name and attribute timeout: ``--attr-timeout``, else under data/ ``--list-ttl``
+    (None: the driver asks the agent). The libfuse3 driver does not use ``--list-ttl``: it is told of each
+    new revision, so the kernel may keep names a day (a sidecar that passed the staleness period as
+    ``--attr-timeout`` made the kernel look every name up again once per period: a round trip per open
+    in any epoch longer than that)."""
+    from ringseed.protocol import cacheobjects
+
+    if list_ttl is not None and not cacheobjects.is_data(root):
+        raise ValueError(f"--list-ttl applies to dataset mounts (--root data[/<name>]), not {root or '/'!r}")
+    return attr_timeout if attr_timeout is not None else list_ttl
+
+
 def run(args: argparse.Namespace) -> int:
     root = args.root.strip("/")
     try:
         token = cmdline.read_token(args.token_file)
         lowlevel = _lowlevel(root, args.driver)
+        fusepy_timeout = _fusepy_timeout(root, attr_timeout=args.attr_timeout, list_ttl=args.list_ttl)
     except ValueError as exc:
         print(f"ringseed mount: {exc}", file=sys.stderr)
         return 2
@@ -84,5 +105,5 @@ def run(args: argparse.Namespace) -> int:
     except (ImportError, OSError) as exc:  # fusepy missing, or libfuse not installed
         print(f"ringseed mount: FUSE is not available here: {exc}", file=sys.stderr)
         return 2
-    fuse.mount(filesystem, args.mountpoint, root=root, attr_timeout=args.attr_timeout)
+    fuse.mount(filesystem, args.mountpoint, root=root, attr_timeout=fusepy_timeout)
     return 0

@@ -248,10 +248,10 @@ def mount_sidecars(
     _, mounts, _ = worker_parts(body=body, spec=spec, config=config)
     own = [dict(m, mountPropagation="Bidirectional", readOnly=False) if m["name"] == DATA_MOUNT_VOLUME else dict(m)
            for m in mounts]  # fmt: skip
-    # the kernel keeps names and sizes as long as the agents keep a listing (said here: the agent may
-    # not answer yet when the sidecar starts)
+    # the staleness period is said here for the fusepy fallback (the agent may not answer yet when the
+    # sidecar starts); the libfuse3 driver is told of changes and keeps names longer (mount_command)
     ttl = str(max(1, spec.data.list_ttl_seconds))
-    command = ["ringseed", "mount", spec.data.mount_path, "--root", "data", "--attr-timeout", ttl]
+    command = ["ringseed", "mount", spec.data.mount_path, "--root", "data", "--list-ttl", ttl]
     sidecar = common.ringseed_container(name="ringseed-data-mount", config=config, command=command)
     sidecar.update(
         env=copy.deepcopy(env),

@@ -128,7 +128,7 @@ def test_data_sources_become_agent_flags_and_a_mount_sidecar_for_the_workers() -
     assert argv[argv.index("--list-ttl") + 1] == "60" and "--warmup" in argv and "--warmup-path=train" in argv
     pod = kinds["DaemonSet", "train-worker"]["spec"]["template"]["spec"]
     user, sidecar = pod["containers"]
-    assert sidecar["command"] == ["ringseed", "mount", "/data", "--root", "data", "--attr-timeout", "60"]
+    assert sidecar["command"] == ["ringseed", "mount", "/data", "--root", "data", "--list-ttl", "60"]
     assert sidecar["securityContext"]["privileged"] is True
     shared = {m["mountPath"]: m for m in sidecar["volumeMounts"]}["/data"]
     seen = {m["mountPath"]: m for m in user["volumeMounts"]}["/data"]

@@ -15,7 +15,6 @@ if [ $root -eq 1 ]; then
   # The base needs no venv (and the pins are not refreshed from a venv being set up); the full
   # build below waits for it (hack/image.sh takes a lock) and then finds it cached.
   (REFRESH_PINS=0 TARGETS="" bash hack/image.sh >"$image_log" 2>&1) &
-  base_job=$!
 fi
 bash hack/setup.sh
 export PATH="$PWD/.tools/bin:$PWD/.venv/bin:$PATH"
@@ -28,7 +27,9 @@ if [ $root -eq 1 ] && command -v apt-get >/dev/null \
     || echo "libfuse2/fuse3 could not be installed: the FUSE tests will skip, naming it" >&2
 fi
 if [ $root -eq 1 ]; then
-  (wait $base_job || true; bash hack/image.sh >>"$image_log" 2>&1) &
+  # no `wait $base_job` here: the subshell is not its parent (bash: "not a child of this shell");
+  # hack/image.sh's lock makes this build wait for the base build instead
+  (bash hack/image.sh >>"$image_log" 2>&1) &
   image_job=$!
   trap 'kill $image_job 2>/dev/null || true' EXIT
   echo "== image: building in the background (hack/image.sh, log $image_log)"

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -19,6 +18,7 @@ from ringseed.local import swarm
 from ringseed.master import election as locks
 from ringseed.master import tracker
 from ringseed.protocol import digests
+from tests.waiting import eventually
 
 TOKEN = "t0ken"
 H = "ab" * 32
@@ -34,13 +34,6 @@ async def serve(app: aioweb.Application, port: int) -> AsyncIterator[aioweb.AppR
         yield runner
     finally:
         await runner.cleanup()
-
-
-async def until(check: Callable[[], bool], *, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
 
 
 async def test_the_follower_names_the_leader_and_leads_when_it_goes(tmp_path: Path) -> None:
@@ -60,10 +53,10 @@ async def test_the_follower_names_the_leader_and_leads_when_it_goes(tmp_path: Pa
     seats = [app[tracker.REPLICA_KEY] for app in apps]
     async with serve(apps[0], ports[0]) as first, serve(apps[1], ports[1]) as second:
         runners = [first, second]
-        await until(lambda: any(s.leading for s in seats))
+        await eventually(lambda: any(s.leading for s in seats), within=10.0, what="a leader")
         lead = next(i for i, s in enumerate(seats) if s.leading)
         follower = seats[1 - lead]
-        await until(lambda: follower.leader_url == urls[lead])
+        await eventually(lambda: follower.leader_url == urls[lead], within=10.0, what="the follower naming the leader")
         async with aiohttp.ClientSession() as http:
             headers = {"Authorization": f"Bearer {TOKEN}"}
             async with http.get(urls[1 - lead] + "/v1/status", headers=headers) as response:
@@ -79,7 +72,7 @@ async def test_the_follower_names_the_leader_and_leads_when_it_goes(tmp_path: Pa
             epoch = (await client.register(url="http://n", session="s", chunks={0: H}, layout=LAYOUT))["epoch"]
             assert client.leader == urls[lead]  # the follower's 503 sent it on
             await runners[lead].cleanup()  # the leader goes; its lock is released (as on SIGKILL)
-            await until(lambda: follower.leading)
+            await eventually(lambda: follower.leading, within=10.0, what="the follower leading")
             assert follower.term == seats[lead].term + 1
             with pytest.raises(tracker_client.UnknownNode):  # fresh state: register again
                 await client.heartbeat({"since": None, "epoch": epoch})

@@ -23,6 +23,7 @@ from ringseed.cache import service
 from ringseed.fs import spec
 from ringseed.master import cachemeta, cachemeta_api
 from ringseed.master import election as locks
+from tests import waiting
 
 MiB = 1 << 20
 
@@ -132,11 +133,7 @@ class Cluster:
             await self.stop_master(master)
 
     async def wait_until(self, predicate: Any, *, within: float = 10.0, what: str = "condition") -> None:
-        deadline = asyncio.get_running_loop().time() + within
-        while not predicate():
-            if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"timed out after {within}s waiting for {what}")
-            await asyncio.sleep(0.02)
+        await waiting.eventually(predicate, within=within, what=what)
 
     def leader(self) -> Master:
         leaders = [m for m in self.masters if m.state.leading]

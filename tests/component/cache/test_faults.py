@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from ringseed.fs import spec
 from ringseed.local import cacheswarm
+from tests.waiting import wait_for
 
 MiB = 1 << 20
 
@@ -62,9 +62,7 @@ def test_killing_the_master_leader_mid_save_leaves_the_save_complete_on_the_new_
         swarm.kill(f"master-{leader}", signal.SIGKILL)
         f.write(data[12 * MiB :])
     assert f.result is not None and f.result["copies"] == ["node-0", "node-1"]
-    deadline = time.monotonic() + 30
-    while swarm.leader() in (None, leader) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: swarm.leader() not in (None, leader), within=30, what="the other master leading")
     assert swarm.leader() == 1 - leader
     assert fs_on(swarm, "node-2").cat("step-5/model.pt") == data
     status = swarm.status()

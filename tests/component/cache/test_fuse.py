@@ -15,6 +15,7 @@ import pytest
 
 from ringseed.fs import datamount, libfuse3, reading, spec
 from ringseed.local import cacheswarm
+from tests.waiting import wait_for
 
 MiB = 1 << 20
 
@@ -333,10 +334,7 @@ def test_a_warm_pass_costs_no_request_and_a_new_revision_is_told_to_the_kernel(t
             _replace(source / "d/05.bin", new, time.time())
             (source / "d/19.bin").unlink()
             _replace(source / "d/new.bin", b"added", time.time())
-            deadline = time.monotonic() + 30
-            while (point / "d/05.bin").read_bytes() != new:
-                assert time.monotonic() < deadline, "the new revision did not reach the kernel"
-                time.sleep(0.1)
+            wait_for(lambda: (point / "d/05.bin").read_bytes() == new, within=30, what="the new revision in the kernel")
             assert held.read() == files["d/05.bin"]  # the whole old content, not the new size or bytes
             held.close()
             assert not (point / "d/19.bin").exists()

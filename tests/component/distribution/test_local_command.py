@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from tests.component.distribution.conftest import (
     source_manifest,
 )
 from tests.component.origins import servers
+from tests.waiting import wait_for
 
 RINGSEED = [sys.executable, "-m", "ringseed.cli"]
 
@@ -86,13 +86,14 @@ def test_a_sigkilled_agent_is_named_at_once_and_the_workdir_kept(tmp_path: Path)
     argv = [*RINGSEED, "local", "distribute", str(root), "--nodes", "3", "--chunk-size", "1Mi"]
     argv += ["--origin-rate-limit", "1Mi", "--workdir", str(workdir), "--json", "--timeout", "300"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def node_1() -> int | None:
+        if proc.poll() is not None:  # not a transient failure: wait_for must not retry it
+            raise RuntimeError(f"the run ended ({proc.returncode}) before node-1 started")
+        return _pid_of(workdir, "node-1")
+
     try:
-        deadline = time.monotonic() + 60
-        pid = None
-        while pid is None and time.monotonic() < deadline and proc.poll() is None:
-            pid = _pid_of(workdir, "node-1")
-            time.sleep(0.1)
-        assert pid is not None, "node-1 never started"
+        pid = wait_for(node_1, within=60, what="node-1 to start")
         os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=60)  # 32 MiB at 1 MiB/s: a run that went on would take 30 s more
     finally:

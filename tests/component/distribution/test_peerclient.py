@@ -9,7 +9,6 @@ import hashlib
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from aiohttp import web as aioweb
 from ringseed import web
 from ringseed.agent import buffers, cache, peerclient, server, store
 from ringseed.protocol import manifest, revision
+from tests.waiting import eventually
 
 MiB = 1 << 20
 CHUNK = 3 * MiB + 17
@@ -82,15 +82,6 @@ async def test_chunks_arrive_whole_and_hashed_from_memory_and_disk_over_one_kept
         client.close()
         await runner.cleanup()
         staging.close()
-
-
-async def _until(check: Callable[[], bool], *, what: str, within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out after {within:.0f} s waiting for {what}")
 
 
 # -- scripted peers --------------------------------------------------------------------------------
@@ -275,8 +266,8 @@ async def test_an_upload_to_a_peer_that_stops_reading_ends_and_frees_its_slot(tm
                 source.memory.put(0, data)
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"GET /v1/chunks/0 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n\r\n")
-            await _until(lambda: source.active_uploads == 1, what="the upload to start")  # we read nothing
-            await _until(lambda: source.active_uploads == 0, what="the stalled upload to end")
+            await eventually(lambda: source.active_uploads == 1, what="the upload to start")  # we read nothing
+            await eventually(lambda: source.active_uploads == 0, what="the stalled upload to end")
             received = 0
             with contextlib.suppress(ConnectionError):
                 while chunk := await reader.read(1 << 20):

@@ -9,13 +9,13 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from ringseed.agent import publish, store
 from ringseed.protocol import manifest, revision
+from tests.waiting import wait_for
 
 MiB = 1 << 20
 
@@ -191,10 +191,8 @@ def test_a_revision_change_waits_for_reads_and_publishes_in_progress(tmp_path: P
     assert inside.wait(30)
     mover = threading.Thread(target=lambda: events.append(f"moved {staging.open(new).prior is not None}"))
     mover.start()
-    deadline = time.monotonic() + 30
-    while not staging._gate._owned and time.monotonic() < deadline:  # the move is waiting for the gate
-        time.sleep(0.01)
-    assert staging._gate._owned and events == []
+    wait_for(lambda: staging._gate._owned, within=30, what="the move waiting for the gate")
+    assert events == []
     release.set()
     reader.join(30)
     mover.join(30)

@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +23,7 @@ from ringseed.api import constants
 from ringseed.operator import command, masters
 from ringseed.operator import config as config_module
 from tests.component.operator.emulator import Emulator
+from tests.waiting import eventually
 
 NS = "ml"
 INTERVAL = 0.2  # status timer interval in these tests
@@ -186,23 +186,6 @@ async def operator(kmock: Any, fake_masters: FakeMasters) -> AsyncIterator[Opera
         yield op
     finally:
         await op.halt()
-
-
-async def eventually(check: Callable[[], Any], *, within: float = 15.0, what: str = "condition") -> Any:
-    """Poll ``check`` (sync or async) until it returns something truthy; fail after ``within`` s."""
-    deadline = time.monotonic() + within
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if isinstance(last, Awaitable):
-                last = await last
-            if last:
-                return last
-        except (KeyError, ValueError, AssertionError):
-            last = None
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {within}s waiting for {what}; last: {last!r}")
 
 
 def get(kmock: Any, resource: str, name: str, namespace: str | None = NS) -> dict[str, Any] | None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.component.operator.conftest import NS, TG_RES, Operator, create, delete, eventually, get, training_group
+from tests.component.operator.conftest import NS, TG_RES, Operator, create, delete, get, training_group
+from tests.waiting import eventually
 
 CACHE_CHILDREN = (
     ("apps/v1/deployments", "ckpt-cache"),

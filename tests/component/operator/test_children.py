@@ -10,17 +10,8 @@ import pytest
 
 from bench import kmock_lean
 from ringseed.api import constants
-from tests.component.operator.conftest import (
-    MD_RES,
-    NS,
-    Operator,
-    create,
-    delete,
-    eventually,
-    get,
-    model_distribution,
-    patch,
-)
+from tests.component.operator.conftest import MD_RES, NS, Operator, create, delete, get, model_distribution, patch
+from tests.waiting import eventually
 
 SECRETS, DEPLOYMENTS, SERVICES, DAEMONSETS = "v1/secrets", "apps/v1/deployments", "v1/services", "apps/v1/daemonsets"
 MONITORS = "monitoring.coreos.com/v1/podmonitors"

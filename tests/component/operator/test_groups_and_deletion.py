@@ -14,7 +14,6 @@ from tests.component.operator.conftest import (
     Operator,
     create,
     delete,
-    eventually,
     get,
     model_distribution,
     patch,
@@ -22,6 +21,7 @@ from tests.component.operator.conftest import (
     tracker_report,
     training_group,
 )
+from tests.waiting import eventually
 
 DAEMONSETS = "apps/v1/daemonsets"
 

@@ -16,12 +16,12 @@ from tests.component.operator.conftest import (
     NS,
     Operator,
     create,
-    eventually,
     get,
     model_distribution,
     patch,
     schedule_agents,
 )
+from tests.waiting import eventually
 
 NODES = ("node-0", "node-1", "node-2")
 

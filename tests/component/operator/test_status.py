@@ -14,7 +14,6 @@ from tests.component.operator.conftest import (
     NS,
     Operator,
     create,
-    eventually,
     get,
     model_distribution,
     patch,
@@ -22,6 +21,7 @@ from tests.component.operator.conftest import (
     serve,
     tracker_report,
 )
+from tests.waiting import eventually
 
 
 def status_of(kmock: Any, name: str) -> dict[str, Any]:

@@ -174,9 +174,9 @@ async def read_json(request: web.Request) -> dict[str, Any]:
         raise _malformed(request, exc) from exc
     # Integers are checked one by one only when the body has a long run of digits somewhere (a
     # Python call per integer is most of the cost of a big heartbeat); else none can be too long.
-    parse_int = _bounded_int if _LONG_DIGITS.search(raw) else None
+    decoder = _DECODE_CHECKED if _LONG_DIGITS.search(raw) else _DECODE
     try:
-        body = json.loads(raw, parse_int=parse_int, parse_float=_finite_float, parse_constant=_no_constant)
+        body = decoder(raw.decode(json.detect_encoding(raw), "surrogatepass"))  # (as json.loads does bytes)
     except RecursionError as exc:
         raise problem(400, "bad_json", "request body is nested too deeply") from exc
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError and the number checks
@@ -201,6 +201,13 @@ def _finite_float(text: str) -> float:
 
 def _no_constant(text: str) -> Any:
     raise ValueError(f"{text} is not a number JSON allows")
+
+
+# (built once: json.loads with any option builds a decoder a call)
+_DECODE = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant).decode
+_DECODE_CHECKED = json.JSONDecoder(
+    parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant
+).decode
 
 
 def field_of(

@@ -29,6 +29,9 @@ Printed per (nodes, mode), measured over a window after a warm-up: heartbeat lat
 (from the time the heartbeat was due, so a late send counts), peer-query latency, tracker CPU
 (cores, from ``/proc/<pid>/stat``, and CPU microseconds per request), the generator's own CPU
 (its processes share the other core: if it is near 1.0 the latencies include its own delays),
+the tracker's own time per heartbeat (read to response written, timed inside the tracker process:
+its p50/p99) and, for the slowest 1 % of heartbeats, how much of it was the generator's send lag,
+the tracker's queue (sent to read), the tracker's own time and the generator's read lag,
 requests per second, bytes per heartbeat reply (mean, p50, p99) split into hashes / availability
 / the rest, announced chunks rejected, and the load average before and after (the machine may be
 shared: CPU per request is the robust figure, latencies include every wait for a core).
@@ -74,6 +77,7 @@ HEX = "0123456789abcdef"
 VERSION = re.compile(rb'"version":(-?\d+)')
 REJECTED = re.compile(rb'"rejected":\[([^\]]*)\]')
 RUN = re.compile(rb'\[(\d+),"([A-Za-z0-9+/]*)(=*)"\]')
+TAGS_PER_AGENT = 100_000  # heartbeat ids per agent (a worker's ids start at its first agent's block)
 PACE = re.compile(rb'"heartbeat_interval":([0-9.e+-]+),"early_gap":([0-9.e+-]+)')
 
 
@@ -129,6 +133,7 @@ class Samples:
     send_lag: list[float] = field(default_factory=list)  # heartbeat sent - due: the generator's own delay
     loop_lag: list[float] = field(default_factory=list)  # the generator's event loop: a 10 ms tick's overshoot
     due_per_s: list[int] = field(default_factory=list)  # heartbeats due in each second of the window (offered load)
+    trace: list[tuple[int, float, float, float]] = field(default_factory=list)  # (id, due, sent, done) per heartbeat
     window_cpu: float = 0.0  # the generator's CPU seconds within the window
     rejected: int = 0  # chunks announced before the tracker knew their hash (announced again)
     errors: int = 0
@@ -145,11 +150,14 @@ class Connection:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    async def request(self, method: str, path: str, body: bytes | None = None, tag: int = -1) -> tuple[int, bytes]:
+        """One request; ``tag`` (>= 0) goes as ``X-Bench-Id``, for the tracker's own timing of it."""
         if self.writer is None or self.writer.is_closing():
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None and self.writer is not None
         head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n".encode() + self.auth
+        if tag >= 0:
+            head += b"X-Bench-Id: %d\r\n" % tag
         if body is not None:
             head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
         self.writer.write(head + b"\r\n" + (body or b""))
@@ -183,6 +191,7 @@ class Worker:
         self.known: dict[int, int] = {}  # each agent knows the hashes of chunks 0 .. known - 1
         self.registering = asyncio.Semaphore(100)
         self.pace: dict[int, tuple[float, float]] = {}  # each agent's (interval, gap) as last told
+        self.tags = itertools.count(lo * TAGS_PER_AGENT)  # heartbeat ids, unique across workers
 
     def in_window(self, t: float) -> bool:
         return self.window[0] <= t < self.window[1]
@@ -243,8 +252,9 @@ class Worker:
         else:
             message["chunks"] = chunks
         body = json.dumps(message)
+        tag = next(self.tags)
         sent = time.time()
-        status, payload = await conn.request("POST", "/v1/heartbeat", body.encode())
+        status, payload = await conn.request("POST", "/v1/heartbeat", body.encode(), tag=tag)
         done = time.time()
         self.counted()
         if status != 200:
@@ -253,6 +263,7 @@ class Worker:
         if self.in_window(due):
             self.samples.heartbeat.append(done - due)
             self.samples.send_lag.append(sent - due)
+            self.samples.trace.append((tag, due, sent, done))
             self.samples.due_per_s[int(due - self.window[0])] += 1
             self.samples.reply_bytes.append(len(payload))
             self.samples.hash_bytes.append(part_bytes(payload, b'"hash_runs":'))
@@ -444,17 +455,49 @@ def worker_main(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
-# -- the tracker's own stalls (--stalls) -------------------------------------------------------
+# -- the tracker's own timing and stalls ------------------------------------------------------
 
 
-def shim_main(out: str, argv: list[str]) -> int:
+def timed_heartbeats() -> tuple[type[Any], dict[int, tuple[float, float]]]:
+    """An aiohttp access logger that keeps, for each request tagged ``X-Bench-Id``, the wall times
+    at which the tracker read it (aiohttp took the parsed request off the connection's queue) and
+    had written its response (``write_eof`` returned): the tracker's own time for it, which the
+    generator's delays do not touch. The bench alone installs it (:func:`shim_main`)."""
+    from aiohttp import abc
+
+    timed: dict[int, tuple[float, float]] = {}
+
+    class Timing(abc.AbstractAccessLogger):
+        def log(self, request: Any, response: Any, time_taken: float) -> None:
+            tag = request.headers.get("X-Bench-Id")
+            if tag is not None:
+                written = time.time()
+                timed[int(tag)] = (written - time_taken, written)
+
+    return Timing, timed
+
+
+def shim_main(out: str, argv: list[str], *, stalls: bool) -> int:
     """Runs ``ringseed.cli`` with ``argv`` and records, to ``out`` at exit, the tracker's own
-    event-loop lag (how late a 10 ms timer inside its loop fires: every request waits that long
-    too) and its garbage-collector pauses, each as ``[wall time, seconds]`` above 1 ms."""
+    time per tagged heartbeat (:func:`timed_heartbeats`) and, with ``stalls``, its event-loop lag
+    (how late a 10 ms timer inside its loop fires: every request waits that long too) and its
+    garbage-collector pauses, each as ``[wall time, seconds]`` above 1 ms."""
     import atexit
     import gc
+    import logging
+
+    from aiohttp import web as aioweb
 
     from ringseed import cli
+
+    timing, timed = timed_heartbeats()
+    run_app = aioweb.run_app
+
+    def timed_run_app(app: Any, **kwargs: Any) -> None:
+        kwargs.update(access_log=logging.getLogger("bench.tracker.timing"), access_log_class=timing)
+        run_app(app, **kwargs)
+
+    aioweb.run_app = timed_run_app  # (ringseed.master.command calls aiohttp.web.run_app)
 
     lags: list[tuple[float, float]] = []
     pauses: list[tuple[float, int, float]] = []
@@ -505,12 +548,50 @@ def shim_main(out: str, argv: list[str]) -> int:
         sizes = [len(gc.get_objects(generation=g)) for g in range(3)]
         data = {"lags": lags, "gc": pauses, "ticks": ticks[0], "tracked": tracked, "generations": sizes}
         data["slow_young"] = slow_young
+        data["timed"] = [[tag, read, written] for tag, (read, written) in timed.items()]
         Path(out).write_text(json.dumps(data))
 
-    gc.callbacks.append(on_gc)
-    asyncio.set_event_loop_policy(Policy())
+    if stalls:
+        gc.callbacks.append(on_gc)
+        asyncio.set_event_loop_policy(Policy())
     atexit.register(dump)
     return cli.main(argv)
+
+
+def attributed(trace: list[Any], timed: list[Any]) -> dict[str, float]:
+    """Each measured heartbeat's latency (due to reply read) split in four, by the wall clocks of
+    the generator and the tracker (one machine, one clock): the generator's send lag (due to
+    sent), the tracker's queue (sent to read: in its socket while its loop served others), the
+    tracker's own time (read to response written, :func:`timed_heartbeats`) and the generator's
+    read lag (written to reply read). Percentiles of the tracker's own time and of sent to
+    written (all the tracker's part), and the mean of each part over the slowest 1 % as the
+    generator saw them: where the tail comes from."""
+    server = {int(tag): (read, written) for tag, read, written in timed}
+    parts = []
+    for tag, due, sent, done in trace:
+        if int(tag) in server:
+            read, written = server[int(tag)]
+            parts.append((done - due, sent - due, max(0.0, read - sent), written - read, max(0.0, done - written)))
+    if not parts:
+        return {"timed_fraction": 0.0}
+    tail = sorted(parts, reverse=True)[: max(1, len(parts) // 100)]
+
+    def mean_ms(k: int) -> float:
+        return 1000 * sum(p[k] for p in tail) / len(tail)
+
+    return {
+        "timed_fraction": len(parts) / max(1, len(trace)),
+        "srv_p50_ms": 1000 * pct([p[3] for p in parts], 0.5),
+        "srv_p99_ms": 1000 * pct([p[3] for p in parts], 0.99),
+        "srv_max_ms": 1000 * max(p[3] for p in parts),
+        "trk_p50_ms": 1000 * pct([p[2] + p[3] for p in parts], 0.5),
+        "trk_p99_ms": 1000 * pct([p[2] + p[3] for p in parts], 0.99),
+        "tail_ms": mean_ms(0),
+        "tail_send_lag_ms": mean_ms(1),
+        "tail_queue_ms": mean_ms(2),
+        "tail_server_ms": mean_ms(3),
+        "tail_read_lag_ms": mean_ms(4),
+    }
 
 
 def stalls_in(path: Path, window: tuple[float, float]) -> dict[str, float]:
@@ -592,7 +673,7 @@ def run_one(
     if profile is not None:  # the tracker's own profile, written when it is interrupted
         argv += ["-m", "cProfile", "-o", f"{profile}.{plan.nodes}.{plan.mode}"]
     shim = Path(f"/tmp/bench-tracker-stalls-{port}.json")
-    argv += ["-m", "bench.tracker", "--shim", str(shim), "--"] if stalls else ["-m", "ringseed.cli"]
+    argv += ["-m", "bench.tracker", "--shim", str(shim), *(["--shim-stalls"] if stalls else []), "--"]
     argv += ["master", "--role", "tracker"]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--heartbeat-interval", str(plan.interval)]
     argv += ["--offline-after", str(max(10.0, 5 * plan.interval))]
@@ -650,8 +731,12 @@ def run_one(
             tracker.kill()
     total_time = (window[1] - start) + register_time
     row = summarise(plan, merged, cpu1 - cpu0, generator_cpu / total_time, rss, load_before, load_after)
+    if shim.exists():
+        record = json.loads(shim.read_text())
+        row.update(attributed(merged.trace, record["timed"]))
     if stalls and shim.exists():
         row.update(stalls_in(shim, window))
+    if shim.exists():
         shim.replace(Path(f"/tmp/bench-tracker-stalls-{plan.nodes}-{plan.jitter}.json"))  # (the raw record)
     row["gc_freeze_every"] = gc_freeze_every
     row["tracker_runq_wait"] = starved["tracker"]
@@ -721,6 +806,14 @@ COLUMNS = [
     ("heartbeats_per_s", "hb/s", "{:.0f}"),
     ("hb_p50_ms", "hb p50 ms", "{:.1f}"),
     ("hb_p99_ms", "hb p99 ms", "{:.1f}"),
+    ("srv_p50_ms", "tracker's own p50 ms", "{:.1f}"),
+    ("srv_p99_ms", "tracker's own p99 ms", "{:.1f}"),
+    ("trk_p99_ms", "tracker queue+own p99 ms", "{:.1f}"),
+    ("tail_ms", "slowest 1%: hb ms", "{:.0f}"),
+    ("tail_send_lag_ms", "of it gen send lag", "{:.0f}"),
+    ("tail_queue_ms", "tracker queue", "{:.0f}"),
+    ("tail_server_ms", "tracker's own", "{:.0f}"),
+    ("tail_read_lag_ms", "gen read lag", "{:.0f}"),
     ("peers_per_s", "peers/s", "{:.0f}"),
     ("peers_p99_ms", "peers p99 ms", "{:.1f}"),
     ("tracker_cores", "tracker cores", "{:.2f}"),
@@ -820,9 +913,9 @@ def main() -> None:
     parser.add_argument("--lo", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--hi", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--start", type=float, help=argparse.SUPPRESS)
-    if "--shim" in sys.argv[1:3]:  # the tracker itself, with its stalls recorded
+    if "--shim" in sys.argv[1:3]:  # the tracker itself, with its own timing (and stalls) recorded
         at = sys.argv.index("--")
-        raise SystemExit(shim_main(sys.argv[2], sys.argv[at + 1 :]))
+        raise SystemExit(shim_main(sys.argv[2], sys.argv[at + 1 :], stalls="--shim-stalls" in sys.argv[3:at]))
     args = parser.parse_args()
     if args.worker:
         worker_main(args)

@@ -22,18 +22,20 @@ Rules:
 - ``bytes_read`` counts file data actually received by range reads (partial attempts included;
   listings and HEADs are not counted). ``retries`` counts retried attempts. Data passes the
   origin's rate limiter as it arrives.
-- The body of a ``206`` over plain HTTP (no TLS, no rate limit) is received by a worker thread
-  straight into the caller's buffer (``recv_into`` with ``MSG_WAITALL``, 512 KiB per system
-  call) instead of through aiohttp's stream reader (a ``bytes`` object per 256 KiB read, a copy
-  of each into the buffer and a few Python calls per piece): what aiohttp already buffered is
-  taken first, then its transport stops reading and the thread reads a duplicate of the socket.
-  Progress is reported per MiB landed, or per piece when a piece took 20 ms or more (a slow
-  link), so the streams that follow a pull's fill (``stream``) see it move as finely as before.
-  Such a connection is closed afterwards, never reused (aiohttp did not see the body end); a
-  body aiohttp had already buffered whole is taken from it and its connection kept.
-  Faults keep their meaning: a reset, a timeout (``read_timeout`` without a byte) or a body
-  that ends early is transient and resumes from the last byte received; cancelling the read
-  shuts the socket down, so the thread returns at once (it refers to the buffer until then).
+- The body of a ``206`` of at least ``DIRECT_MIN`` bytes over plain HTTP (no TLS, no rate limit)
+  is received by a worker thread straight into the caller's buffer (``recv_into`` with
+  ``MSG_WAITALL``, 512 KiB per system call) instead of through aiohttp's stream reader (a
+  ``bytes`` object per 256 KiB read, a copy of each into the buffer and a few Python calls per
+  piece): what aiohttp already buffered is taken first, then its transport stops reading and the
+  thread reads a duplicate of the socket. Progress is reported per MiB landed, or per piece when
+  a piece took 20 ms or more (a slow link), so the streams that follow a pull's fill
+  (``stream``) see it move as finely as before. Such a connection is closed afterwards, never
+  reused (aiohttp did not see the body end); a body aiohttp had already buffered whole is taken
+  from it and its connection kept. Smaller bodies (a dataset's small files) go through aiohttp
+  and keep the connection: a new TCP connection per body costs more than aiohttp's copies of it.
+  Faults keep their meaning: a reset, a timeout (``read_timeout`` without a byte) or a body that
+  ends early is transient and resumes from the last byte received; cancelling the read shuts the
+  socket down, so the thread returns at once (it refers to the buffer until then).
 - A server that ignores ``Range`` (``200`` and the whole object, as Python's ``http.server``
   does) switches the client to whole-object streaming for good (``ranges_ignored``): one plain
   GET per file, read in order and kept open between reads, so reads in file order (as chunk
@@ -69,6 +71,7 @@ _STEP = 256 << 10
 _PIECE = 512 << 10  # bytes per recv_into (MSG_WAITALL) of a body read straight into the buffer
 _REPORT_BYTES = 1 << 20  # progress is reported per this many bytes landed (streams admit within 2 MiB)...
 _REPORT_S = 0.02  # ...or sooner when a piece took this long (a slow origin link)
+DIRECT_MIN = 1 << 20  # a range body from this size is read by a worker thread (module rules)
 _READER_THREADS = 16  # bodies read by worker threads at once per client (more wait their turn)
 _READ_BUFFER = 1 << 20  # a response buffers up to twice this before reading pauses (aiohttp: 64 KiB)
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
@@ -396,6 +399,8 @@ class HTTPClient:
         """The plain TCP socket under ``resp`` (asyncio's ``TransportSocket``), when its body may be
         read by a worker thread; else None."""
         if self._limiter.rate is not None or resp.content_length is None or not url.startswith("http://"):
+            return None
+        if resp.content_length < DIRECT_MIN:
             return None
         transport = resp.connection.transport if resp.connection is not None else None
         if transport is None or transport.is_closing() or transport.get_extra_info("sslcontext") is not None:

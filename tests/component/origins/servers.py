@@ -108,6 +108,7 @@ class FlakyHTTPOrigin:
         self.faults: collections.deque[Fault] = collections.deque(faults)
         self.fault_index = fault_index
         self.requests: list[tuple[str, str, str | None]] = []
+        self.connections: set[object] = set()  # the client ends (peer addresses) requests came over
         self.injected: list[Fault] = []
         self.bytes_sent = 0
         self.url = ""
@@ -168,6 +169,8 @@ class FlakyHTTPOrigin:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         rel = request.match_info["path"]
         self.requests.append((request.method, rel, request.headers.get("Range")))
+        if request.transport is not None:
+            self.connections.add(request.transport.get_extra_info("peername"))
         if request.method not in ("GET", "HEAD"):
             return web.Response(status=405)
         full = self._file(rel)

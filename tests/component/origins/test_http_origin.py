@@ -303,3 +303,19 @@ async def test_cancelling_a_threaded_body_read_ends_it_and_keeps_the_client_usab
             assert origin.direct_reads == threaded  # type: ignore[attr-defined]
         finally:
             await origin.close()
+
+
+async def test_bodies_under_a_mebibyte_keep_the_connection(http_root: Path) -> None:
+    """Small files (a dataset's) read over one kept-alive connection: a worker thread's read would
+    close it after each body, a new TCP connection per file."""
+    data = _blob(9, 8 * MI)
+    servers.write_tree(http_root, {"many.bin": data})
+    async with servers.FlakyHTTPOrigin(http_root) as srv:
+        origin = origins.open_origin(srv.url)
+        try:
+            for offset in range(0, 4 * MI, 512 << 10):
+                assert await origin.read("many.bin", offset, 512 << 10) == data[offset : offset + (512 << 10)]
+        finally:
+            await origin.close()
+    assert origin.direct_reads == 0  # type: ignore[attr-defined]
+    assert len(srv.connections) == 1, srv.connections

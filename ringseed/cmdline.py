@@ -101,23 +101,22 @@ def fraction(text: str) -> float:
 
 def positive_seconds(text: str) -> float:
     """A finite number of seconds above zero."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds above 0")
-    return value
+    return _seconds(text, zero=False)
 
 
 def non_negative_seconds(text: str) -> float:
     """A finite number of seconds, 0 or more (0: off)."""
+    return _seconds(text, zero=True)
+
+
+def _seconds(text: str, *, zero: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds, 0 or more")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        bound = ", 0 or more" if zero else " above 0"
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds{bound}")
     return value
 
 

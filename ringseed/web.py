@@ -23,12 +23,15 @@ Rules every endpoint follows:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
+import inspect
 import json
 import logging
 import math
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -403,3 +406,23 @@ class Leaders:
             self.leader = url
             return status, text
         raise NoLeader("; ".join(problems))
+
+
+def background(
+    run: Callable[[], Coroutine[Any, Any, None]], *, after: Callable[[], Awaitable[None] | None] | None = None
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """An aiohttp cleanup context: ``run()`` as a task while the app runs; at cleanup the task is
+    cancelled and awaited, then ``after()`` (awaited when it returns an awaitable)."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(run())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if after is not None:
+            result = after()
+            if inspect.isawaitable(result):
+                await result
+
+    return ctx

@@ -58,9 +58,6 @@ CACHED_PATHS = 1 << 17
 ATTR_TIMEOUT = 1.0  # seconds the kernel trusts a name's attributes (libfuse's default, said out loud)
 
 
-_keep_thread_state = libfuse3.keep_thread_state  # (fusepy's threads are libfuse's too)
-
-
 def _errno(exc: BaseException) -> int:
     if isinstance(exc, OSError) and exc.errno:
         return int(exc.errno)
@@ -85,7 +82,7 @@ class CacheOperations(Operations):  # type: ignore[misc]
         self._lock = threading.Lock()
 
     def __call__(self, op: str, *args: Any) -> Any:
-        _keep_thread_state()
+        libfuse3.keep_thread_state()  # (fusepy's threads are libfuse's too)
         try:
             return super().__call__(op, *args)
         except FuseOSError:

@@ -333,16 +333,11 @@ class CacheMaster:
 
 
 def lifecycle(master: CacheMaster) -> Callable[[aioweb.Application], AsyncIterator[None]]:
-    async def ctx(app: aioweb.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(master.run())
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    async def release() -> None:
         with contextlib.suppress(Exception):
             await master.lock.release()
 
-    return ctx
+    return web.background(master.run, after=release)
 
 
 def problem_for(exc: Exception) -> web.HTTPProblem:

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web as aioweb
 
+from ringseed import web
 from ringseed.master import election as locks
 from ringseed.protocol import election
 
@@ -97,14 +98,9 @@ class SoftReplica:
 def lifecycle(replica: SoftReplica) -> Callable[[aioweb.Application], AsyncIterator[None]]:
     """An aiohttp cleanup context running ``replica`` (and releasing its lock at the end)."""
 
-    async def ctx(app: aioweb.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(replica.run())
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    async def release() -> None:
         if replica.lock is not None:
             with contextlib.suppress(Exception):
                 await replica.lock.release()
 
-    return ctx
+    return web.background(replica.run, after=release)

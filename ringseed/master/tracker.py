@@ -211,25 +211,17 @@ def _gc_loop(*, freeze_every: float, full_every: float) -> Callable[[aioweb.Appl
     a young collection walked 38,000-119,000 of them, 25-123 ms of CPU (BENCHMARKS section 9,
     session 6). The price: one full collection per ``full_every`` (~0.4 s at 10,000 agents)."""
 
-    async def ctx(app: aioweb.Application) -> AsyncIterator[None]:
-        async def loop() -> None:
-            last_full = time.monotonic()
-            while True:
-                await asyncio.sleep(freeze_every)
-                if time.monotonic() - last_full >= full_every:
-                    gc.unfreeze()
-                    gc.collect()
-                    last_full = time.monotonic()
-                gc.freeze()
+    async def loop() -> None:
+        last_full = time.monotonic()
+        while True:
+            await asyncio.sleep(freeze_every)
+            if time.monotonic() - last_full >= full_every:
+                gc.unfreeze()
+                gc.collect()
+                last_full = time.monotonic()
+            gc.freeze()
 
-        task = asyncio.create_task(loop())
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        gc.unfreeze()
-
-    return ctx
+    return web.background(loop, after=gc.unfreeze)
 
 
 def _leader_only(seat: replica.SoftReplica) -> Any:
@@ -248,21 +240,14 @@ def _leader_only(seat: replica.SoftReplica) -> Any:
 
 
 def _purge_loop(api: _Api, *, every: float) -> Callable[[aioweb.Application], AsyncIterator[None]]:
-    async def ctx(app: aioweb.Application) -> AsyncIterator[None]:
-        async def loop() -> None:
-            while True:
-                await asyncio.sleep(every)
-                if api.replica.leading:
-                    api.state.purge(now=time.monotonic())
-                    api.wake()
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(every)
+            if api.replica.leading:
+                api.state.purge(now=time.monotonic())
+                api.wake()
 
-        task = asyncio.create_task(loop())
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-    return ctx
+    return web.background(loop)
 
 
 # -- fields ------------------------------------------------------------------------------

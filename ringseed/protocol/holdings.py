@@ -82,21 +82,13 @@ class Holdings:
 
     def add_many(self, name: str, indices: Iterable[int]) -> list[int]:
         """:meth:`add` for each of ``indices``; returns those ``name`` did not hold before."""
-        have, count, lists = self._have[name], self._count, self._lists
+        have = self._have[name]
         added: list[int] = []
         for index in indices:
-            if have[index]:
-                continue
-            have[index] = 1
-            added.append(index)
-            n = count[index] = count[index] + 1
-            listed = lists[index]
-            if listed is not None:
-                if n > SPARSE_MAX:
-                    lists[index] = None
-                else:
-                    listed.append(name)
-        self._held[name] += len(added)
+            if not have[index]:
+                have[index] = 1
+                added.append(index)
+        self._counted(name, added)
         return added
 
     def add_run(self, name: str, first: int, stop: int) -> Sequence[int]:
@@ -107,8 +99,14 @@ class Holdings:
         if first >= stop or have.find(1, first, stop) >= 0:
             return self.add_many(name, range(first, stop))
         have[first:stop] = b"\x01" * (stop - first)
+        added = range(first, stop)
+        self._counted(name, added)
+        return added
+
+    def _counted(self, name: str, added: Sequence[int]) -> None:
+        """Counts and holder lists for ``added``, just set in ``name``'s bytes."""
         count, lists = self._count, self._lists
-        for index in range(first, stop):
+        for index in added:
             n = count[index] = count[index] + 1
             listed = lists[index]
             if listed is not None:
@@ -116,8 +114,7 @@ class Holdings:
                     lists[index] = None
                 else:
                     listed.append(name)
-        self._held[name] += stop - first
-        return range(first, stop)
+        self._held[name] += len(added)
 
     def remove(self, name: str, index: int) -> bool:
         """``name`` no longer holds ``index``; False if it did not."""
